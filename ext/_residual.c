@@ -377,19 +377,32 @@ static void raise_row_error(const row_error *e, Py_ssize_t rows) {
 /* ------------------------------------------------------------ numpy output */
 
 static PyObject *g_np_empty; /* numpy.empty, imported on first use */
+static PyObject *g_np_float32, *g_np_int64;
 
-static PyObject *np_empty(const Py_buffer *like, const char *dtype) {
-    if (g_np_empty == NULL) {
-        PyObject *np = PyImport_ImportModule("numpy");
-        if (np == NULL) return NULL;
-        g_np_empty = PyObject_GetAttrString(np, "empty");
-        Py_DECREF(np);
-        if (g_np_empty == NULL) return NULL;
+static int np_import(void) {
+    PyObject *np = PyImport_ImportModule("numpy");
+    if (np == NULL) return -1;
+    g_np_empty = PyObject_GetAttrString(np, "empty");
+    g_np_float32 = PyObject_GetAttrString(np, "float32");
+    g_np_int64 = PyObject_GetAttrString(np, "int64");
+    Py_DECREF(np);
+    if (g_np_empty == NULL || g_np_float32 == NULL || g_np_int64 == NULL) {
+        Py_CLEAR(g_np_empty);
+        Py_CLEAR(g_np_float32);
+        Py_CLEAR(g_np_int64);
+        return -1;
     }
-    PyObject *shape = like->ndim == 1 ? Py_BuildValue("(n)", like->shape[0])
-                                      : Py_BuildValue("(nn)", like->shape[0], like->shape[1]);
+    return 0;
+}
+
+/* A new C-contiguous NumPy array of `like`'s shape (its first `ndim` axes). */
+static PyObject *np_empty(const Py_buffer *like, int ndim, int is_int64) {
+    if (g_np_empty == NULL && np_import() < 0) return NULL;
+    PyObject *shape = ndim == 1 ? Py_BuildValue("(n)", like->shape[0])
+                                : Py_BuildValue("(nn)", like->shape[0], like->shape[1]);
     if (shape == NULL) return NULL;
-    PyObject *arr = PyObject_CallFunction(g_np_empty, "Os", shape, dtype);
+    PyObject *arr = PyObject_CallFunctionObjArgs(
+        g_np_empty, shape, is_int64 ? g_np_int64 : g_np_float32, NULL);
     Py_DECREF(shape);
     return arr;
 }
@@ -446,7 +459,7 @@ static PyObject *py_residual_dist(PyObject *self, PyObject *const *args,
     if (check_pq(&p, &q, &rows, &cols) < 0) goto done;
 
     if (oo == NULL || oo == Py_None) {
-        result = np_empty(&p.view, "float32");
+        result = np_empty(&p.view, p.view.ndim, 0);
         if (result == NULL) goto done;
         if (acquire(result, "out", 1, &o) < 0) goto fail;
     } else {
@@ -580,9 +593,7 @@ static PyObject *py_residual_sample(PyObject *self, PyObject *const *args,
                 goto done;
             }
         }
-        Py_buffer shape_only = p.view;
-        shape_only.ndim = 1;
-        result = np_empty(&shape_only, "int64");
+        result = np_empty(&p.view, 1, 1);
         if (result == NULL) goto done;
         if (acquire(result, "result", 1, &ib) < 0) goto fail;
 
