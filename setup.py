@@ -74,7 +74,7 @@ residual = Extension(
     define_macros=[("Py_LIMITED_API", LIMITED_API_HEX)],
     py_limited_api=True,
     # Portable optimisation only: the ISA is chosen at run time, never at build time.
-    extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=hidden"],
     # The asm objects carry .note.GNU-stack; say it at link time as well.
     extra_link_args=["-Wl,-z,noexecstack"] if sys.platform.startswith("linux") else [],
 )

@@ -2,10 +2,9 @@
 
 from typing import Any, overload
 
-from numpy.typing import NDArray
 import numpy as np
-
-from collections.abc import Buffer
+from numpy.typing import NDArray
+from typing_extensions import Buffer
 
 def residual_dist(p: Buffer, q: Buffer, /, out: Buffer | None = None) -> Any:
     """Row-wise max(0, p - q) / sum(max(0, p - q)) over float32 (V,) or (B, V) buffers.

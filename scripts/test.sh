@@ -21,7 +21,7 @@ $PY -m pip install -q --disable-pip-version-check -c constraints-ci.txt \
     --no-build-isolation -e '.[dev]'
 
 echo "== ruff"
-$PY -m ruff check flashspec tests scripts benchmarks setup.py
+$PY -m ruff check flashspec tests scripts benchmarks wheels setup.py
 echo "== mypy --strict"
 $PY -m mypy --strict flashspec
 

@@ -1,0 +1,82 @@
+"""flashspec: lossless speculative decoding for HuggingFace causal language models.
+
+The native residual kernel is ``flashspec._residual`` (see its ``residual_dist`` and
+``residual_sample``); the engine API is re-exported here.
+
+The re-exports are lazy (PEP 562): ``import flashspec._residual`` must work with numpy
+alone (wheel checks, kernel tests), so nothing here imports torch until an engine name
+is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "TRITON_AVAILABLE": "._compat",
+    "UCB1Selector": ".bandit",
+    "BanditConfig": ".config",
+    "FlashSpecConfig": ".config",
+    "SamplingConfig": ".config",
+    "Drafter": ".drafters",
+    "ModelDrafter": ".drafters",
+    "PromptLookupDrafter": ".drafters",
+    "load_drafters": ".drafters",
+    "GenerationResult": ".engine",
+    "GenerationStats": ".engine",
+    "SpeculativeEngine": ".engine",
+    "StreamChunk": ".engine",
+    "TokenStream": ".engine",
+    "TargetModel": ".models",
+    "resolve_model_path": ".models",
+}
+
+__all__ = [
+    "TRITON_AVAILABLE",
+    "BanditConfig",
+    "Drafter",
+    "FlashSpecConfig",
+    "GenerationResult",
+    "GenerationStats",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "SamplingConfig",
+    "SpeculativeEngine",
+    "StreamChunk",
+    "TargetModel",
+    "TokenStream",
+    "UCB1Selector",
+    "__version__",
+    "load_drafters",
+    "resolve_model_path",
+]
+
+if TYPE_CHECKING:
+    from ._compat import TRITON_AVAILABLE
+    from .bandit import UCB1Selector
+    from .config import BanditConfig, FlashSpecConfig, SamplingConfig
+    from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, load_drafters
+    from .engine import (
+        GenerationResult,
+        GenerationStats,
+        SpeculativeEngine,
+        StreamChunk,
+        TokenStream,
+    )
+    from .models import TargetModel, resolve_model_path
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flashspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,0 +1,316 @@
+"""Check an *installed* flashspec._residual against a float64 NumPy reference.
+
+Meant for a wheel installed into a fresh environment: run it with that environment's
+interpreter, from a directory outside the checkout, isolated from the current directory
+and PYTHONPATH::
+
+    cd "$(mktemp -d)" && /path/to/venv/bin/python -I check_kernel.py --source-tree /path/to/checkout
+
+It needs NumPy only (no torch, no pytest). It checks that
+
+* ``import flashspec._residual`` works without torch, from the environment's own
+  site-packages, never from the source tree;
+* on x86-64 Linux the assembly backends are present whenever the CPU and OS support them
+  (a build that silently lost its asm would otherwise pass), unless FLASHSPEC_NO_ASM is set;
+* for every backend in ``available_backends()``, ``residual_dist`` and ``residual_sample``
+  agree with a float64 reference on random Dirichlet inputs, 1-D and 2-D, aligned and not;
+* bad input raises instead of crashing.
+
+Every failure is printed; the exit status is 0 only when all checks pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+
+# (shape, Dirichlet alpha): lengths around every vector width and block size, real vocabularies.
+CASES: list[tuple[tuple[int, ...], float]] = [
+    ((1,), 1.0),
+    ((2,), 1.0),
+    ((7,), 1.0),
+    ((8,), 1.0),
+    ((15,), 1.0),
+    ((16,), 1.0),
+    ((17,), 1.0),
+    ((33,), 1.0),
+    ((63,), 1.0),
+    ((64,), 1.0),
+    ((65,), 1.0),
+    ((255,), 1.0),
+    ((1000,), 0.5),
+    ((4095,), 0.5),
+    ((4097,), 0.5),
+    ((32000,), 0.3),
+    ((128256,), 0.3),
+    ((3, 5), 1.0),
+    ((4, 1031), 0.5),
+    ((2, 32000), 0.3),
+    ((5, 8193), 1.0),
+]
+SAMPLE_US = [0.0, 1e-9, 0.25, 0.5, 0.75, 0.999999]
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.passed = 0
+        self.failures: list[str] = []
+
+    def check(self, ok: bool, what: str) -> None:
+        if ok:
+            self.passed += 1
+        else:
+            self.failures.append(what)
+            print(f"FAIL: {what}", flush=True)
+
+    def run(self, what: str, fn: Callable[[], None]) -> None:
+        """Run fn, counting an AssertionError or any exception as a failure of `what`."""
+        try:
+            fn()
+        except Exception as e:  # every failure is reported; none stops the run
+            self.check(False, f"{what}: {type(e).__name__}: {e}")
+        else:
+            self.check(True, what)
+
+
+def ref_dist(p: F32, q: F32) -> F64:
+    """Row-wise max(0, p - q) / sum, in float64; where the residual is zero, p renormalised."""
+    p2 = np.atleast_2d(p).astype(np.float64)
+    q2 = np.atleast_2d(q).astype(np.float64)
+    d = np.maximum(p2 - q2, 0.0)
+    s = d.sum(axis=1, keepdims=True)
+    pp = np.maximum(p2, 0.0)
+    out = np.where(s > 0, d / np.where(s > 0, s, 1.0), pp / pp.sum(axis=1, keepdims=True))
+    return out.reshape(np.shape(p))
+
+
+def ref_weights(p: F32, q: F32) -> F64:
+    """The unnormalised weights residual_sample draws from, for one row."""
+    d = np.maximum(p.astype(np.float64) - q.astype(np.float64), 0.0)
+    return d if d.sum() > 0 else np.maximum(p.astype(np.float64), 0.0)
+
+
+def dirichlet(rng: np.random.Generator, shape: tuple[int, ...], alpha: float) -> F32:
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    x = rng.dirichlet(np.full(shape[-1], alpha), size=rows).astype(np.float32)
+    return x.reshape(shape)
+
+
+def unaligned_copy(a: F32) -> F32:
+    """A C-contiguous copy of `a` that starts 4 bytes past a 64-byte boundary."""
+    raw = np.empty(a.size + 32, dtype=np.float32)
+    skip = (-raw.ctypes.data % 64) // 4 + 1
+    out = raw[skip : skip + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == 4 and out.flags.c_contiguous
+    return out
+
+
+def assert_dist(p: F32, q: F32, out: object) -> None:
+    assert isinstance(out, np.ndarray), f"returned {type(out).__name__}, expected ndarray"
+    assert out.dtype == np.float32 and out.shape == p.shape, f"{out.dtype} {out.shape}"
+    ref = ref_dist(p, q)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=1e-9)
+    sums = np.atleast_2d(out).astype(np.float64).sum(axis=1)
+    assert np.all(np.abs(sums - 1.0) <= 1e-5), f"row sums {sums}"
+    assert np.all(out >= 0), "negative probabilities"
+    # Where a row has residual mass, every index with q >= p must be exactly zero.
+    p2, q2, o2 = np.atleast_2d(p), np.atleast_2d(q), np.atleast_2d(out)
+    for r in range(p2.shape[0]):
+        if np.any(p2[r] > q2[r]):
+            assert np.all(o2[r][q2[r] >= p2[r]] == 0.0), f"row {r}: mass where q >= p"
+
+
+def assert_sample(w: F64, u: float, idx: int) -> None:
+    """idx must be an inverse-CDF draw for u from weights w, up to float32 summation error."""
+    n = w.shape[0]
+    assert 0 <= idx < n, f"index {idx} out of range for V={n}"
+    assert w[idx] > 0, f"index {idx} has zero weight"
+    c = np.cumsum(w)
+    total = float(c[-1])
+    target = u * total
+    tol = 1e-5 * total
+    before = float(c[idx - 1]) if idx > 0 else 0.0
+    assert before <= target + tol and float(c[idx]) > target - tol, (
+        f"u={u}: index {idx} has CDF [{before}, {float(c[idx])}) not around {target}"
+    )
+
+
+def check_backend(ck: Checker, R: ModuleType, name: str, rng: np.random.Generator) -> None:
+    """Every case of CASES through the current backend `name` of the module R."""
+    for shape, alpha in CASES:
+        p, q = dirichlet(rng, shape, alpha), dirichlet(rng, shape, alpha)
+        tag = f"[{name}] shape={shape}"
+
+        def dist_default(p: F32 = p, q: F32 = q) -> None:
+            assert_dist(p, q, R.residual_dist(p, q))
+
+        def dist_out(p: F32 = p, q: F32 = q) -> None:
+            out = unaligned_copy(np.full(p.shape, np.nan, dtype=np.float32))
+            got = R.residual_dist(unaligned_copy(p), unaligned_copy(q), out=out)
+            assert got is out, "out= was not returned"
+            assert_dist(p, q, out)
+            assert np.array_equal(out, R.residual_dist(p, q)), "unaligned differs from aligned"
+
+        def sample(p: F32 = p, q: F32 = q) -> None:
+            p2, q2 = np.atleast_2d(p), np.atleast_2d(q)
+            us = [*SAMPLE_US, *rng.random(8).tolist()]
+            for row in range(p2.shape[0]):
+                w = ref_weights(p2[row], q2[row])
+                for u in us:
+                    idx = R.residual_sample(p2[row], q2[row], float(u))
+                    assert isinstance(idx, int), f"returned {type(idx).__name__}, expected int"
+                    assert_sample(w, float(u), idx)
+            if p.ndim == 2:
+                ub: F64 = rng.random(int(p.shape[0]))
+                got = R.residual_sample(p, q, ub)
+                assert isinstance(got, np.ndarray) and got.dtype == np.int64, repr(got)
+                for row in range(p.shape[0]):
+                    assert_sample(ref_weights(p[row], q[row]), float(ub[row]), int(got[row]))
+
+        ck.run(f"{tag} residual_dist", dist_default)
+        ck.run(f"{tag} residual_dist(out=, unaligned)", dist_out)
+        ck.run(f"{tag} residual_sample", sample)
+
+    def zero_residual() -> None:
+        p = dirichlet(rng, (1000,), 1.0)
+        assert_dist(p, p.copy(), R.residual_dist(p, p.copy()))
+        assert_sample(ref_weights(p, p), 0.3, R.residual_sample(p, p.copy(), 0.3))
+
+    def bad_input() -> None:
+        p = dirichlet(rng, (64,), 1.0)
+        bad = p.copy()
+        bad[5] = np.nan
+        for args, exc in (
+            ((bad, p), ValueError),
+            ((p, bad), ValueError),
+            ((p.astype(np.float64), p), TypeError),
+            ((p, p[:32]), ValueError),
+            ((p[::2], p[::2]), ValueError),
+        ):
+            try:
+                R.residual_dist(*args)
+            except exc:
+                pass
+            else:
+                raise AssertionError(f"no {exc.__name__} for {[a.dtype for a in args]}")
+
+    ck.run(f"[{name}] zero residual is p renormalised", zero_residual)
+    ck.run(f"[{name}] bad input raises", bad_input)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument(
+        "--source-tree",
+        type=Path,
+        help="the checkout; the module must not be imported from it",
+    )
+    ap.add_argument(
+        "--allow-no-asm",
+        action="store_true",
+        help="do not require the asm backends (implied by FLASHSPEC_NO_ASM=1)",
+    )
+    ap.add_argument("--seed", type=int, default=20240607)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    ck = Checker()
+    print(
+        f"python {sys.version.split()[0]} at {sys.executable}; numpy {np.__version__}; "
+        f"cwd {os.getcwd()}; seed {args.seed}"
+    )
+
+    try:
+        import flashspec
+        import flashspec._residual as R
+    except ImportError as e:
+        print(f"FAIL: import flashspec._residual: {type(e).__name__}: {e}")
+        if getattr(e, "name", None) in ("torch", "transformers"):
+            print(
+                f"      flashspec/__init__.py (or a module it imports) imports {e.name} "
+                "eagerly; the kernel must import with numpy alone (lazy re-exports)"
+            )
+        print("check_kernel: FAILED at import")
+        return 1
+
+    mod = Path(R.__file__ or "").resolve()
+    prefix = Path(sys.prefix).resolve()
+    print(f"flashspec._residual: {mod}")
+    ck.check("torch" not in sys.modules, "importing flashspec._residual imported torch")
+    ck.check(sys.prefix != sys.base_prefix, f"not running inside a virtual environment ({prefix})")
+    ck.check(prefix in mod.parents, f"module {mod} is not inside the environment {prefix}")
+    pkg = Path(flashspec.__file__ or "").resolve().parent
+    ck.check(pkg == mod.parent, f"flashspec package {pkg} and its extension {mod} differ")
+    if args.source_tree is not None:
+        src = args.source_tree.resolve()
+        ck.check(
+            src not in mod.parents or prefix in src.parents,
+            f"module {mod} was imported from the source tree {src}",
+        )
+        ck.check(
+            not Path.cwd().resolve().is_relative_to(src),
+            f"run from {Path.cwd()}, inside the source tree {src}",
+        )
+
+    avail = list(R.available_backends())
+    feats = R.cpu_features()
+    print(
+        f"backends available: {avail}; in use: {R.backend()}; cpu: "
+        + ", ".join(f"{k}={v}" for k, v in feats.items())
+    )
+    ck.check(bool(avail) and avail[0] == "scalar", f"available_backends() = {avail}")
+    forced = os.environ.get("FLASHSPEC_KERNEL", "")
+    if forced in ("", "auto"):
+        ck.check(R.backend() == avail[-1], f"default backend {R.backend()} is not {avail[-1]}")
+
+    no_asm = args.allow_no_asm or os.environ.get("FLASHSPEC_NO_ASM", "") not in ("", "0")
+    is_x86_linux = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+    if is_x86_linux and not no_asm:
+        ymm = all(feats[k] for k in ("osxsave", "avx", "avx2", "ymm_state"))
+        ck.check(
+            not ymm or "avx2" in avail,
+            "CPU/OS support AVX2 but the avx2 backend is missing "
+            "(was the wheel built without nasm / with FLASHSPEC_NO_ASM?)",
+        )
+        zmm = ymm and bool(feats["avx512f"]) and bool(feats["zmm_state"])
+        ck.check(
+            not zmm or "avx512" in avail,
+            "CPU/OS support AVX-512F but the avx512 backend is missing",
+        )
+    elif is_x86_linux:
+        print("FLASHSPEC_NO_ASM set: not requiring the assembly backends")
+
+    start = R.backend()
+    rng = np.random.default_rng(args.seed)
+    try:
+        for name in avail:
+            R.set_backend(name)
+            check_backend(ck, R, name, rng)
+    finally:
+        R.set_backend(start)
+
+    dt = time.perf_counter() - t0
+    if ck.failures:
+        print(
+            f"check_kernel: FAILED {len(ck.failures)} of {ck.passed + len(ck.failures)} "
+            f"checks ({dt:.1f} s)"
+        )
+        return 1
+    print(f"check_kernel: OK, {ck.passed} checks on backends {', '.join(avail)} ({dt:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
