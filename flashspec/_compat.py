@@ -1,0 +1,100 @@
+"""Differences between transformers releases, kept in one place.
+
+transformers 5.x renamed the forward argument ``past_key_values`` to ``cache`` (and the output
+field likewise), and changed ``Cache.crop`` from "crop to this length" to "remove this many".
+Everything in flashspec goes through the helpers below.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def _triton_available() -> bool:
+    try:
+        importlib.import_module("triton")
+    except Exception:  # a broken triton install raises more than ImportError
+        return False
+    return True
+
+
+TRITON_AVAILABLE: bool = _triton_available()
+"""Whether ``import triton`` works in this environment."""
+
+
+@dataclass(frozen=True)
+class ForwardSignature:
+    """Which optional arguments a model's ``forward`` accepts."""
+
+    cache_arg: str
+    position_ids: bool
+    attention_mask: bool
+    logits_to_keep: bool
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ForwardSignature:
+        params = inspect.signature(model.forward).parameters
+        if "cache" in params:
+            cache_arg = "cache"
+        elif "past_key_values" in params:
+            cache_arg = "past_key_values"
+        else:
+            raise TypeError(
+                f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`; "
+                "flashspec needs a causal LM with a KV cache"
+            )
+        return cls(
+            cache_arg=cache_arg,
+            position_ids="position_ids" in params,
+            attention_mask="attention_mask" in params,
+            logits_to_keep="logits_to_keep" in params,
+        )
+
+
+def new_cache(model: torch.nn.Module) -> Any:
+    """A fresh, croppable dynamic cache for ``model``."""
+    from transformers import DynamicCache
+
+    config: Any = getattr(model, "config", None)
+    cache: Any
+    try:
+        cache = DynamicCache(config=config)
+    except TypeError:  # releases before the config argument
+        cache = DynamicCache()
+    # Sliding-window layers drop old states unless told to keep them until the next crop.
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
+
+
+_CROP_TAKES_COUNT = (
+    "tokens_to_remove"
+    in inspect.signature(importlib.import_module("transformers").DynamicCache.crop).parameters
+)
+
+
+def crop_cache(cache: Any, remove: int) -> None:
+    """Drop the last ``remove`` positions of every layer.
+
+    Both crop conventions accept a negative count as "remove this many"; the old one reads
+    ``crop(0)`` as "keep nothing", so zero is only passed where it means "trim sliding layers".
+    """
+    if remove > 0:
+        cache.crop(-remove)
+    elif remove == 0 and _CROP_TAKES_COUNT and any(getattr(cache, "is_sliding", ())):
+        cache.crop(0)
+
+
+def has_sliding_layers(cache: Any) -> bool:
+    """Whether ``cache`` has sliding-window layers that need a ``crop(0)`` trim after rollbacks."""
+    return _CROP_TAKES_COUNT and any(getattr(cache, "is_sliding", ()))
+
+
+def select_cache_rows(cache: Any, index: torch.Tensor) -> None:
+    """Keep only the batch rows in ``index`` (in that order)."""
+    cache.batch_select_indices(index)

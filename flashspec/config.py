@@ -1,0 +1,208 @@
+"""Configuration objects for the speculative decoding engine.
+
+Every field is checked when the object is built, so a bad value fails at the line that wrote it,
+with a message naming the field and a valid alternative.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+Method = Literal["auto", "rejection", "greedy", "typical"]
+ResidualBackend = Literal["auto", "native", "torch"]
+
+_METHODS = ("auto", "rejection", "greedy", "typical")
+_RESIDUALS = ("auto", "native", "torch")
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def resolve_dtype(dtype: str | torch.dtype, *, argument: str = "dtype") -> torch.dtype:
+    """Turn ``"float32"``/``"bf16"``/``torch.float16``... into a ``torch.dtype``.
+
+    Raises:
+        ValueError: naming ``argument`` when the value is not a supported floating dtype.
+    """
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"{argument} must be a floating-point dtype, got {dtype}")
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(
+        f"{argument}={dtype!r} is not supported; use one of {sorted(set(_DTYPES))} or a torch.dtype"
+    )
+
+
+@dataclass
+class SamplingConfig:
+    """How tokens are drafted, verified and sampled.
+
+    Attributes:
+        gamma: drafts proposed per round (>= 1). The engine drafts fewer near ``max_new_tokens``
+            or the context limit.
+        temperature: 0 means greedy decoding (output equal to the target's greedy output);
+            > 0 samples from the target's distribution after temperature, top-k and top-p.
+        top_k: keep only the k most likely tokens (0 disables).
+        top_p: nucleus sampling mass in (0, 1]; 1.0 disables.
+        method: ``"auto"`` picks ``"greedy"`` for temperature 0 and ``"rejection"`` otherwise.
+            ``"rejection"`` is lossless speculative sampling (Leviathan et al. 2023, Alg. 1).
+            ``"greedy"`` accepts the longest prefix equal to the target's argmax.
+            ``"typical"`` is LOSSY: it accepts any draft the target finds "typical enough"
+            (p(x) > min(typical_epsilon, typical_delta * exp(-H(p)))); the output no longer follows
+            the target's distribution. Use it only when speed matters more than fidelity.
+        residual: where the replacement token after a rejection (and each sampled draft) is
+            drawn: ``"native"`` (the C kernel ``flashspec._residual``; CPU float32 only),
+            ``"torch"``, or ``"auto"`` (native when available and applicable, torch otherwise).
+        typical_epsilon: probability ceiling of the typical-acceptance threshold.
+        typical_delta: entropy-scaled part of the typical-acceptance threshold.
+        confidence_threshold: a model drafter stops proposing once the top probability of its
+            distribution falls below this value (None disables; HF uses 0.4).
+        seed: seed for the engine's random generator (None: nondeterministic).
+    """
+
+    gamma: int = 4
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    method: Method = "auto"
+    residual: ResidualBackend = "auto"
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
+    confidence_threshold: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, rule: str, hint: str = "") -> None:
+            if not ok:
+                got = getattr(self, name)
+                raise ValueError(f"SamplingConfig.{name} must be {rule}, got {got!r}" + hint)
+
+        check(_is_int(self.gamma) and self.gamma >= 1, "gamma", "an integer >= 1", "; try gamma=4")
+        check(
+            _is_real(self.temperature) and self.temperature >= 0,
+            "temperature",
+            "a finite number >= 0",
+            "; use 0 for greedy decoding, or e.g. 0.7 or 1.0 to sample",
+        )
+        check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)")
+        check(
+            _is_real(self.top_p) and 0.0 < self.top_p <= 1.0,
+            "top_p",
+            "in (0, 1] (1.0 = off)",
+            "; try top_p=0.9",
+        )
+        check(self.method in _METHODS, "method", f"one of {_METHODS}")
+        check(self.residual in _RESIDUALS, "residual", f"one of {_RESIDUALS}")
+        if self.method in ("rejection", "typical") and self.temperature == 0:
+            raise ValueError(
+                f"SamplingConfig.method={self.method!r} samples, so it needs temperature > 0; "
+                "for temperature=0 use method='greedy' (or 'auto')"
+            )
+        if self.method == "greedy" and self.temperature != 0:
+            raise ValueError(
+                f"SamplingConfig.method='greedy' but temperature={self.temperature}; set "
+                "temperature=0, or use method='rejection' (or 'auto') to sample losslessly"
+            )
+        check(
+            _is_real(self.typical_epsilon) and 0.0 < self.typical_epsilon <= 1.0,
+            "typical_epsilon",
+            "in (0, 1]",
+        )
+        check(_is_real(self.typical_delta) and self.typical_delta > 0, "typical_delta", "> 0")
+        threshold = self.confidence_threshold
+        check(
+            threshold is None or (_is_real(threshold) and 0.0 <= threshold <= 1.0),
+            "confidence_threshold",
+            "None (off) or in [0, 1]",
+            "; try 0.4",
+        )
+        check(self.seed is None or _is_int(self.seed), "seed", "an integer or None")
+
+    @property
+    def resolved_method(self) -> Literal["rejection", "greedy", "typical"]:
+        """The acceptance rule actually used (``"auto"`` resolved by temperature)."""
+        if self.method == "auto":
+            return "greedy" if self.temperature == 0 else "rejection"
+        return self.method
+
+
+@dataclass
+class BanditConfig:
+    """Drafter selection by UCB1 when the engine has more than one drafter.
+
+    Attributes:
+        exploration: the constant c in ``mean + c * sqrt(2 ln t / n)``.
+        window_size: if set, only the last ``window_size`` rounds count (adapts to drift).
+    """
+
+    exploration: float = 1.0
+    window_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.exploration) or self.exploration < 0:
+            raise ValueError(
+                f"BanditConfig.exploration must be a finite number >= 0, got {self.exploration!r}"
+            )
+        window = self.window_size
+        if window is not None and (not _is_int(window) or window < 1):
+            raise ValueError(
+                f"BanditConfig.window_size must be None or an integer >= 1, got {window!r}"
+            )
+
+
+@dataclass
+class FlashSpecConfig:
+    """Top-level engine configuration.
+
+    Attributes:
+        sampling: drafting and acceptance settings.
+        bandit: drafter selection settings (used with several drafters).
+        device: device for models loaded by name (``"cpu"``, ``"cuda"``, ``"cuda:1"``...).
+        dtype: dtype for models loaded by name (``"float32"``, ``"bfloat16"``, ``torch.float16``).
+    """
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    bandit: BanditConfig = field(default_factory=BanditConfig)
+    device: str = "cpu"
+    dtype: str | torch.dtype = "float32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, SamplingConfig):
+            got = type(self.sampling).__name__
+            raise TypeError(f"FlashSpecConfig.sampling must be a SamplingConfig, got {got}")
+        if not isinstance(self.bandit, BanditConfig):
+            raise TypeError(
+                f"FlashSpecConfig.bandit must be a BanditConfig, got {type(self.bandit).__name__}"
+            )
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(
+                f"FlashSpecConfig.device={self.device!r} is not a device; use e.g. 'cpu' or 'cuda'"
+            ) from exc
+        resolve_dtype(self.dtype, argument="FlashSpecConfig.dtype")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """``dtype`` as a ``torch.dtype``."""
+        return resolve_dtype(self.dtype, argument="FlashSpecConfig.dtype")

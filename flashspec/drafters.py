@@ -1,0 +1,289 @@
+"""Drafters: cheap proposers of the next few tokens.
+
+A drafter sees the committed token matrix (B, L) and proposes up to ``gamma`` tokens per row,
+together with the distributions it sampled them from (``Proposal.probs``) — or None when each
+draft was chosen deterministically, which verification treats as a point mass (q(d) = 1).
+Proposing fewer than ``gamma`` (even zero) drafts is always allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import ResidualBackend
+from .models import CausalLM, Padding, load_pretrained, place_model
+from .sampling import Warper, draft_sample
+
+PROMPT_LOOKUP_NAMES = ("prompt_lookup", "prompt-lookup", "ngram")
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may look at in one round.
+
+    Attributes:
+        tokens: (B, L) committed tokens, left padded.
+        padding: where each row's real tokens start.
+        warper: the sampling warp (the engine's, or the drafter's own temperature).
+        generator: random source for sampled drafts.
+        confidence_threshold: stop drafting once a row's top probability falls below this.
+        residual: sampling backend (``SamplingConfig.residual``), also used for drafting.
+    """
+
+    tokens: torch.Tensor
+    padding: Padding
+    warper: Warper
+    generator: torch.Generator | None
+    confidence_threshold: float | None = None
+    residual: ResidualBackend = "auto"
+
+
+@dataclass
+class Proposal:
+    """Drafted tokens (B, g) and the (B, g, V) distributions they came from (None: point masses)."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        """Drafts per row (g)."""
+        return int(self.tokens.shape[1])
+
+
+def _no_drafts(tokens: torch.Tensor) -> Proposal:
+    return Proposal(tokens.new_empty((tokens.shape[0], 0)))
+
+
+class Drafter(ABC):
+    """Interface between the engine and a drafter.
+
+    The engine calls ``reset`` once per generation, ``propose`` each round it picks this drafter,
+    ``commit`` after every round (picked or not) and ``select_rows`` when rows finish.
+    """
+
+    name: str = "drafter"
+    temperature: float | None = None
+    """If set, drafts are sampled at this temperature instead of the engine's (still lossless,
+    because verification uses the distribution the drafts were actually drawn from)."""
+
+    @property
+    def lm(self) -> CausalLM | None:
+        """The drafter's model, if it has one (used to check the vocabulary)."""
+        return None
+
+    def reset(self) -> None:  # noqa: B027 - optional hook, stateless drafters keep the default
+        """Forget the previous generation."""
+
+    @abstractmethod
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        """Propose up to ``gamma`` tokens per row after ``ctx.tokens``."""
+
+    def commit(self, valid: int) -> None:  # noqa: B027
+        """Only the first ``valid`` committed columns are still correct in any cached state."""
+
+    def select_rows(self, index: torch.Tensor) -> None:  # noqa: B027
+        """Keep only the batch rows in ``index``."""
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM with the target's vocabulary, drafting incrementally on its own KV cache.
+
+    Args:
+        model: the draft model (HuggingFace causal LM).
+        name: label for stats and errors.
+        tokenizer: its tokenizer, used to check the vocabulary against the target's.
+        temperature: optional sampling temperature of its own (see ``Drafter.temperature``).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        name: str | None = None,
+        tokenizer: Any = None,
+        temperature: float | None = None,
+    ) -> None:
+        if temperature is not None and (isinstance(temperature, bool) or not temperature >= 0):
+            raise ValueError(f"ModelDrafter temperature must be None or >= 0, got {temperature!r}")
+        self._lm = CausalLM(model, name=name, tokenizer=tokenizer)
+        self.name = self._lm.name
+        self.temperature = temperature
+
+    @property
+    def lm(self) -> CausalLM:
+        """The draft model with its cache."""
+        return self._lm
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        self._lm.reset()
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        """Draft autoregressively; the first forward also feeds committed tokens the cache lacks."""
+        lm = self._lm
+        length = ctx.tokens.shape[1]
+        if lm.max_context is not None:
+            # Draft i is produced by feeding column length + i - 2, which must be a valid position.
+            gamma = min(gamma, lm.max_context - length + 1)
+        if gamma <= 0:
+            return _no_drafts(ctx.tokens)
+        threshold = ctx.confidence_threshold
+        feed = ctx.tokens[:, lm.cached :]
+        drafts: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
+        for i in range(gamma):
+            logits = lm.forward(feed, ctx.padding, keep=1)[:, -1]
+            if ctx.warper.greedy:
+                token = logits.max(dim=-1).indices
+                probs = logits.float().softmax(dim=-1) if threshold is not None else None
+            else:
+                probs = ctx.warper.probs(logits)
+                token = draft_sample(probs, ctx.generator, ctx.residual)
+                dists.append(probs)
+            drafts.append(token)
+            last = i + 1 == gamma
+            if (
+                not last
+                and threshold is not None
+                and probs is not None
+                and _unsure(probs, threshold)
+            ):
+                break
+            feed = token.unsqueeze(1)
+        return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
+
+    def commit(self, valid: int) -> None:
+        """Crop the cache to the still-valid prefix; after a full acceptance the cache is one
+        column short and the next ``propose`` catches up in its first forward."""
+        self._lm.rollback(valid)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Drop finished rows from the cache."""
+        self._lm.select_rows(index)
+
+
+def _unsure(probs: torch.Tensor, threshold: float) -> bool:
+    # A host read per draft step, paid only when the confidence stop is on.
+    return bool((probs.max(dim=-1).values < threshold).any())
+
+
+class PromptLookupDrafter(Drafter):
+    """Drafts by n-gram lookup in the prompt and generated text; no model.
+
+    For each row the last n tokens (n from ``max_ngram`` down to ``min_ngram``) are searched for
+    earlier in the row; the tokens that followed the most recent match are proposed. Drafts are
+    deterministic (point masses), which keeps rejection sampling lossless.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, name: str = "prompt_lookup") -> None:
+        if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or min_ngram < 1:
+            raise ValueError(
+                f"PromptLookupDrafter min_ngram must be an integer >= 1, got {min_ngram!r}"
+            )
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < min_ngram:
+            raise ValueError(
+                f"PromptLookupDrafter max_ngram must be an integer >= min_ngram ({min_ngram}), "
+                f"got {max_ngram!r}"
+            )
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.name = name
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        """Up to ``gamma`` tokens that followed the latest earlier match of each row's suffix."""
+        tokens = ctx.tokens
+        batch, length = tokens.shape
+        device = tokens.device
+        left = ctx.padding.left
+        start = torch.full((batch,), -1, dtype=torch.int64, device=device)
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            # Window j covers columns j .. j+n-1; windows j <= length-n-1 end before the suffix.
+            windows = tokens.unfold(1, n, 1)[:, : length - n]
+            hit = (windows == tokens[:, length - n :].unsqueeze(1)).all(dim=-1)
+            columns = torch.arange(length - n, device=device)
+            hit &= columns.unsqueeze(0) >= left.unsqueeze(1)
+            latest = torch.where(hit, columns.unsqueeze(0), -1).max(dim=1).values
+            start = torch.where((start < 0) & (latest >= 0), latest + n, start)
+        available = torch.where(start >= 0, length - start, 0).clamp(max=gamma)
+        count = int(available.max()) if batch else 0
+        if count == 0:
+            return _no_drafts(tokens)
+        offsets = torch.arange(count, device=device).unsqueeze(0)
+        positions = (start.clamp_min(0).unsqueeze(1) + offsets).clamp(max=length - 1)
+        # Rows with a shorter (or no) match are filled with their last token: any filler is
+        # exact under verification, it only costs a likely rejection.
+        drafts = torch.where(
+            offsets < available.unsqueeze(1), tokens.gather(1, positions), tokens[:, -1:]
+        )
+        return Proposal(drafts)
+
+
+def load_drafters(
+    names: Sequence[str | torch.nn.Module | Drafter],
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    temperature: float | None = None,
+    models: Mapping[str, torch.nn.Module] | None = None,
+    tokenizers: Mapping[str, Any] | None = None,
+) -> list[Drafter]:
+    """Build drafters from names.
+
+    Args:
+        names: for each drafter, a local path / hub id, ``"prompt_lookup"``, a key of ``models``,
+            a loaded model, or a ready ``Drafter``.
+        device, dtype: where and how to load models given by name (models in ``models`` are moved
+            or cast only when these are given).
+        temperature: optional drafting temperature of model drafters (default: the engine's).
+        models: already-loaded models by name, so nothing is downloaded.
+        tokenizers: tokenizers by name, used for the vocabulary check.
+
+    Raises:
+        TypeError / ValueError: for entries that are none of the above.
+    """
+    if isinstance(names, (str, bytes)):
+        raise TypeError(
+            f"load_drafters expects a list of names, got the string {names!r}; use [{names!r}]"
+        )
+    models = models or {}
+    tokenizers = tokenizers or {}
+    drafters: list[Drafter] = []
+    for entry in names:
+        if isinstance(entry, Drafter):
+            drafters.append(entry)
+        elif isinstance(entry, torch.nn.Module):
+            drafters.append(
+                ModelDrafter(place_model(entry, device, dtype), temperature=temperature)
+            )
+        elif isinstance(entry, str) and entry in PROMPT_LOOKUP_NAMES:
+            drafters.append(PromptLookupDrafter())
+        elif isinstance(entry, str) and entry in models:
+            model = place_model(models[entry], device, dtype)
+            drafters.append(
+                ModelDrafter(
+                    model, name=entry, tokenizer=tokenizers.get(entry), temperature=temperature
+                )
+            )
+        elif isinstance(entry, str):
+            model, tokenizer = load_pretrained(
+                entry, device or "cpu", dtype if dtype is not None else torch.float32
+            )
+            drafters.append(
+                ModelDrafter(model, name=entry, tokenizer=tokenizer, temperature=temperature)
+            )
+        else:
+            raise TypeError(
+                f"load_drafters: cannot make a drafter from {type(entry).__name__}; pass a path "
+                f"or hub id, one of {PROMPT_LOOKUP_NAMES}, a key of models=, a model or a Drafter"
+            )
+    return drafters
+
+
+def with_temperature(warper: Warper, temperature: float | None) -> Warper:
+    """``warper`` with the drafter's own temperature, if it has one."""
+    return warper if temperature is None else dataclasses.replace(warper, temperature=temperature)

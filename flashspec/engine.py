@@ -1,0 +1,777 @@
+"""SpeculativeEngine: the round loop.
+
+One round, each step in one place (``SpeculativeEngine._round``):
+
+1. draft    ``drafter.propose(gamma)``: up to gamma tokens per row (incremental forwards on the
+            drafter's own KV cache);
+2. verify   ``target.verify``: one target forward over the uncached committed tokens (normally
+            just the pending one) plus the drafts;
+3. accept   ``sampling.accept_*``: accept/reject on the device, then ONE host read per round;
+4. commit   append the emitted tokens and crop every cache to the valid prefix (bookkeeping,
+            never recomputation);
+5. stop     EOS, stop strings, max_new_tokens, context limit; stream the new text.
+
+Batches run in lockstep. Each round every live row emits m + 1 tokens, where m is the smallest
+number of drafts accepted by any live row: its first m drafts, then the token at position m
+(its own accepted draft m if it accepted more than m, else the rule's replacement). This is
+exact: whether a row emits position i this round depends only on accept events at positions
+before i (of this and other rows, all independent of the token at i), and a token that reaches
+position i is distributed as the target's conditional there, whether it is an accepted draft,
+a residual draw or the bonus token. So every emitted token follows the target given the row's
+past, whichever round produced it. Rows keep equal lengths, so caches stay rectangular and one
+forward serves the whole batch. Rows that finish leave the batch (their cache rows are dropped).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+import torch
+
+from .bandit import UCB1Selector
+from .config import FlashSpecConfig
+from .drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
+from .models import (
+    DEMO_DRAFT_NAME,
+    DEMO_NAME,
+    CausalLM,
+    Padding,
+    TargetModel,
+    as_id_list,
+    check_same_vocabulary,
+)
+from .sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
+
+Prompt = str | Sequence[str] | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one generation.
+
+    ``drafted``/``accepted`` count draft tokens over all rows; ``accepted`` counts drafts that
+    were emitted. Times are wall-clock seconds spent inside rounds (on a GPU, without explicit
+    synchronisation, asynchronous work is billed to the step that waits for it).
+    """
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    row_rounds: int = 0
+    emitted: int = 0
+    time_total: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_accept: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_tokens_per_round(self) -> float:
+        """Tokens emitted per row per round (1 means no speculation gain)."""
+        return self.emitted / self.row_rounds if self.row_rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens (all rows, after stopping) per second of generation."""
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    @property
+    def time_other(self) -> float:
+        """Time in rounds outside draft, verify and accept: commit, stopping, decoding."""
+        return max(0.0, self.time_total - self.time_draft - self.time_verify - self.time_accept)
+
+    def as_dict(self) -> dict[str, float]:
+        """All counters, derived rates and times as a flat dict."""
+        data: dict[str, float] = {k: float(v) for k, v in asdict(self).items()}
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_tokens_per_round=self.mean_tokens_per_round,
+            tokens_per_second=self.tokens_per_second,
+            time_other=self.time_other,
+        )
+        return data
+
+    def __str__(self) -> str:
+        return (
+            f"{self.new_tokens} tokens in {self.rounds} rounds "
+            f"({self.mean_tokens_per_round:.2f}/round), "
+            f"acceptance {self.acceptance_rate:.1%}, {self.tokens_per_second:.1f} tok/s; "
+            f"time draft {self.time_draft:.3f}s verify {self.time_verify:.3f}s "
+            f"accept {self.time_accept:.3f}s other {self.time_other:.3f}s"
+        )
+
+
+@dataclass
+class GenerationResult:
+    """Output of ``SpeculativeEngine.generate``.
+
+    Attributes:
+        output_ids: (B, T) int64 new tokens per row (prompt excluded), -1 after a row's end.
+        tokens: the same as lists, without the -1 filler.
+        texts: decoded new text per row (None without a tokenizer). A row stopped by a stop
+            string ends right after it.
+        finish_reasons: per row: "eos", "stop", "length" (max_new_tokens) or "context_limit".
+        stats: counters and timings.
+    """
+
+    output_ids: torch.Tensor
+    tokens: list[list[int]]
+    texts: list[str] | None
+    finish_reasons: list[str]
+    stats: GenerationStats
+
+    @property
+    def text(self) -> str:
+        """The decoded new text of a single-row generation (use ``texts`` for batches)."""
+        if self.texts is None:
+            raise ValueError(
+                "no text: the engine has no tokenizer; pass tokenizer= to TargetModel "
+                "or read output_ids"
+            )
+        if len(self.texts) != 1:
+            raise ValueError(
+                f"this result has {len(self.texts)} rows; use .texts for batched generations"
+            )
+        return self.texts[0]
+
+
+@dataclass
+class StreamChunk:
+    """New output of one row in one round.
+
+    Attributes:
+        row: index of the row in the batch.
+        token_ids: tokens committed this round (after stopping).
+        text: new text since the previous chunk of this row (empty without a tokenizer). Text
+            ending in an incomplete character is held back until it completes.
+        finish_reason: set on the row's last chunk.
+    """
+
+    row: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+
+
+class TokenStream:
+    """Iterator over ``StreamChunk`` as rounds commit; ``result`` is set once it is exhausted."""
+
+    def __init__(self, rounds: Generator[list[StreamChunk], None, GenerationResult]) -> None:
+        self._rounds = rounds
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        try:
+            while True:
+                yield from next(self._rounds)
+        except StopIteration as done:
+            self.result = done.value
+
+    def text(self) -> Iterator[str]:
+        """Only the text deltas (for single-row streaming)."""
+        for chunk in self:
+            if chunk.text:
+                yield chunk.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-generation state
+
+
+@dataclass
+class _Row:
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    streamed: int = 0
+    finish: str | None = None
+
+
+@dataclass
+class _Generation:
+    tokens: torch.Tensor  # (live rows, L) committed tokens, left padded
+    padding: Padding
+    live: list[int]  # batch index of each live row
+    rows: list[_Row]
+    prompt_length: int
+    max_new_tokens: int
+    limit: int | None
+    eos: frozenset[int]
+    stops: tuple[str, ...]
+    decode: Callable[[list[int]], str] | None
+    live_text: bool  # decode every round (streaming, stop strings) rather than once at the end
+    generator: torch.Generator | None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+class SpeculativeEngine:
+    """Lossless speculative decoding over a HuggingFace causal LM.
+
+    Args:
+        config: engine settings (``FlashSpecConfig``).
+        drafters: one or more drafters (``ModelDrafter``, ``PromptLookupDrafter``...).
+        target: the model whose output is reproduced (``TargetModel``).
+        selector: chooses a drafter each round; defaults to ``UCB1Selector`` when there are
+            several drafters.
+
+    Raises:
+        ValueError: a model drafter with another vocabulary than the target's, or on another
+            device.
+    """
+
+    def __init__(
+        self,
+        config: FlashSpecConfig,
+        drafters: Sequence[Drafter] | Drafter,
+        target: TargetModel,
+        selector: UCB1Selector | None = None,
+    ) -> None:
+        if not isinstance(config, FlashSpecConfig):
+            raise TypeError(f"config must be a FlashSpecConfig, got {type(config).__name__}")
+        if not isinstance(target, CausalLM):
+            raise TypeError(
+                f"target must be a TargetModel, got {type(target).__name__}; "
+                "wrap a model: TargetModel(model=m)"
+            )
+        drafter_list = [drafters] if isinstance(drafters, Drafter) else list(drafters)
+        if not drafter_list:
+            raise ValueError("drafters is empty; pass at least one, e.g. [PromptLookupDrafter()]")
+        for drafter in drafter_list:
+            if not isinstance(drafter, Drafter):
+                raise TypeError(
+                    "drafters must be Drafter objects (see load_drafters), "
+                    f"got {type(drafter).__name__}"
+                )
+            if drafter.lm is not None:
+                check_same_vocabulary(target, drafter.lm)
+                if drafter.lm.device != target.device:
+                    raise ValueError(
+                        f"drafter {drafter.name!r} is on {drafter.lm.device} but the target "
+                        f"is on {target.device}; "
+                        "load both on the same device"
+                    )
+        if selector is None and len(drafter_list) > 1:
+            selector = UCB1Selector(
+                n_arms=len(drafter_list),
+                window_size=config.bandit.window_size,
+                c=config.bandit.exploration,
+            )
+        if selector is not None and selector.n_arms != len(drafter_list):
+            raise ValueError(
+                f"selector has {selector.n_arms} arms but there are {len(drafter_list)} drafters"
+            )
+        self.config = config
+        self.drafters = drafter_list
+        self.target = target
+        self.selector = selector
+        sampling = config.sampling
+        self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
+        self._owner: object | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | torch.nn.Module | TargetModel | None = None,
+        drafters: Sequence[str | torch.nn.Module | Drafter] | None = None,
+        config: FlashSpecConfig | None = None,
+        *,
+        models: Mapping[str, torch.nn.Module] | None = None,
+        tokenizer: Any = None,
+        selector: UCB1Selector | None = None,
+    ) -> SpeculativeEngine:
+        """Build an engine from names.
+
+        Args:
+            target: local directory, hub id, loaded model or ``TargetModel``. ``None``/``"demo"``
+                name the bundled demo target (see ``resolve_model_path``).
+            drafters: names/paths/models/drafters (see ``load_drafters``); default: the demo
+                drafter ``"demo-draft"`` for the demo target, prompt lookup otherwise.
+            config: settings; ``config.device`` and ``config.dtype`` apply to every model.
+            models: already-loaded models by name, so nothing is downloaded.
+            tokenizer: the target's tokenizer when it cannot be loaded from ``target``.
+        """
+        config = config or FlashSpecConfig()
+        models = models or {}
+        if isinstance(target, TargetModel):
+            target_model = target
+        elif isinstance(target, torch.nn.Module):
+            target_model = TargetModel(
+                None, config.device, config.dtype, model=target, tokenizer=tokenizer
+            )
+        else:
+            target_model = TargetModel(
+                target,
+                config.device,
+                config.dtype,
+                model=models.get(target or ""),
+                tokenizer=tokenizer,
+            )
+        if drafters is None:
+            demo = target is None or target == DEMO_NAME
+            drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
+        drafter_list = load_drafters(
+            drafters, device=config.device, dtype=config.dtype, models=models
+        )
+        return cls(config, drafter_list, target_model, selector)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (None if unknown)."""
+        return self.target.tokenizer
+
+    # -- public entry points ------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt | None = None,
+        max_new_tokens: int = 128,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> GenerationResult:
+        """Generate a continuation of each prompt.
+
+        Args:
+            prompt: a string, a list of strings, token ids (list or (B, L) tensor; a tensor may be
+                given as ``input_ids`` instead).
+            max_new_tokens: new tokens per row at most (>= 0).
+            attention_mask: (B, L) 1 for real tokens, 0 for padding (either side), for a tensor
+                prompt.
+            eos_token_id: id(s) that end a row; default: the target's. Ignored if ``ignore_eos``.
+            stop: string(s) that end a row once they appear in its new text (needs a tokenizer);
+                matches across round boundaries. Output keeps the stop string.
+            seed: seed for this call (default ``config.sampling.seed``).
+
+        Generation also ends at the target's context limit (``max_position_embeddings``):
+        the row is truncated there with finish reason ``"context_limit"``.
+        """
+        generation = self._prepare(
+            prompt, max_new_tokens, input_ids, attention_mask, eos_token_id, ignore_eos, stop, seed
+        )
+        # Nobody reads the text before the end unless a stop string needs it.
+        generation.live_text = bool(generation.stops)
+        stream = TokenStream(self._run(generation))
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(
+        self,
+        prompt: Prompt | None = None,
+        max_new_tokens: int = 128,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> TokenStream:
+        """Like ``generate``, but returns an iterator of ``StreamChunk`` yielded as rounds commit.
+
+        Arguments are checked here, before the first chunk. The final ``GenerationResult`` is
+        available as ``stream.result`` after iteration.
+        """
+        generation = self._prepare(
+            prompt, max_new_tokens, input_ids, attention_mask, eos_token_id, ignore_eos, stop, seed
+        )
+        return TokenStream(self._run(generation))
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _run(self, gen: _Generation) -> Generator[list[StreamChunk], None, GenerationResult]:
+        # Caches live in the models, so an engine runs one generation at a time.
+        owner = object()
+        self._owner = owner
+        self.target.reset()
+        for drafter in self.drafters:
+            drafter.reset()
+        while gen.live:
+            if self._owner is not owner:
+                raise RuntimeError(
+                    "another generation started on this engine while this stream was being "
+                    "read; an engine runs one generation at a time (use one engine per stream)"
+                )
+            # Inference mode per round, not around the yield: the consumer's code between
+            # chunks must not run inside it.
+            with torch.inference_mode():
+                chunks = self._round(gen)
+            if chunks:
+                yield chunks
+        return self._result(gen)
+
+    def _round(self, gen: _Generation) -> list[StreamChunk]:
+        start = time.perf_counter()
+        stats = gen.stats
+        length = gen.tokens.shape[1]
+        room = gen.max_new_tokens - (length - gen.prompt_length)
+        if gen.limit is not None:
+            room = min(room, gen.limit - length)
+        # Drafts beyond room - 1 could never be emitted: the round adds one token of its own.
+        gamma = min(self.config.sampling.gamma, room - 1)
+
+        # 1. draft
+        arm = self.selector.select() if self.selector is not None and gamma > 0 else 0
+        drafter = self.drafters[arm]
+        proposal = (
+            drafter.propose(self._draft_context(gen, drafter), gamma)
+            if gamma > 0
+            else _empty(gen.tokens)
+        )
+        drafted_at = time.perf_counter()
+
+        # 2. verify
+        logits = self.target.verify(
+            gen.tokens[:, self.target.cached :], proposal.tokens, gen.padding
+        )
+        verified_at = time.perf_counter()
+
+        # 3. accept / reject, and the round's single host read
+        acceptance = self._accept(logits, proposal, gen.generator)
+        g = proposal.count
+        host: list[list[int]] = torch.cat(
+            [proposal.tokens, acceptance.token.unsqueeze(1), acceptance.accepted.unsqueeze(1)],
+            dim=1,
+        ).tolist()
+        m = min(row[g + 1] for row in host)
+        accepted_at = time.perf_counter()
+
+        # 4. commit
+        emitted = torch.cat([proposal.tokens[:, :m], acceptance.token.unsqueeze(1)], dim=1)
+        gen.tokens = torch.cat([gen.tokens, emitted], dim=1)
+        valid = gen.tokens.shape[1] - 1  # the newest token has no keys/values anywhere yet
+        self.target.rollback(valid)
+        for each in self.drafters:
+            each.commit(valid)
+
+        live_rows = len(gen.live)
+        stats.rounds += 1
+        stats.row_rounds += live_rows
+        stats.drafted += g * live_rows
+        stats.accepted += sum(m + (row[g + 1] > m) for row in host)
+        stats.emitted += (m + 1) * live_rows
+        if self.selector is not None and gamma > 0:
+            self.selector.update(arm, m / g if g else 0.0)
+
+        # 5. stop and stream
+        chunks = self._finish_rows(gen, [[*row[:m], row[g]] for row in host])
+        end = time.perf_counter()
+        stats.time_draft += drafted_at - start
+        stats.time_verify += verified_at - drafted_at
+        stats.time_accept += accepted_at - verified_at
+        stats.time_total += end - start
+        return chunks
+
+    def _draft_context(self, gen: _Generation, drafter: Drafter) -> DraftContext:
+        warper = (
+            self.warper
+            if self.warper.greedy
+            else with_temperature(self.warper, drafter.temperature)
+        )
+        return DraftContext(
+            tokens=gen.tokens,
+            padding=gen.padding,
+            warper=warper,
+            generator=gen.generator,
+            confidence_threshold=self.config.sampling.confidence_threshold,
+            residual=self.config.sampling.residual,
+        )
+
+    def _accept(
+        self, logits: torch.Tensor, proposal: Proposal, generator: torch.Generator | None
+    ) -> Acceptance:
+        sampling = self.config.sampling
+        method = sampling.resolved_method
+        if method == "greedy":
+            return accept_greedy(logits, proposal.tokens)
+        p = self.warper.probs(logits)
+        if method == "typical":
+            return accept_typical(
+                p, proposal.tokens, generator, sampling.typical_epsilon, sampling.typical_delta
+            )
+        return accept_rejection(p, proposal.probs, proposal.tokens, generator, sampling.residual)
+
+    def _finish_rows(self, gen: _Generation, new_tokens: list[list[int]]) -> list[StreamChunk]:
+        """Apply EOS, stop strings and limits to each live row's new tokens; drop finished rows."""
+        length = gen.tokens.shape[1]
+        at_limit = gen.limit is not None and length >= gen.limit
+        chunks: list[StreamChunk] = []
+        keep: list[int] = []
+        for position, (index, tokens) in enumerate(zip(gen.live, new_tokens, strict=True)):
+            row = gen.rows[index]
+            for cut, token in enumerate(tokens):
+                if token in gen.eos:
+                    tokens = tokens[: cut + 1]
+                    row.finish = "eos"
+                    break
+            before = len(row.tokens)
+            row.tokens.extend(tokens)
+            if gen.decode is not None and gen.live_text:
+                self._update_text(gen, row, before)
+            if row.finish is None and len(row.tokens) >= gen.max_new_tokens:
+                row.finish = "length"
+            if row.finish is None and at_limit:
+                row.finish = "context_limit"
+            gen.stats.new_tokens += len(row.tokens) - before
+            text = self._text_delta(row)
+            chunks.append(StreamChunk(index, row.tokens[before:], text, row.finish))
+            if row.finish is None:
+                keep.append(position)
+        if len(keep) < len(gen.live):
+            self._drop_rows(gen, keep)
+        return chunks
+
+    def _update_text(self, gen: _Generation, row: _Row, before: int) -> None:
+        assert gen.decode is not None
+        row.text = gen.decode(row.tokens)
+        if not gen.stops:
+            return
+        # Search the whole new text, so a stop string split across rounds is found.
+        hits = [(found + len(s), s) for s in gen.stops if (found := row.text.find(s)) >= 0]
+        if not hits:
+            return
+        end, _ = min(hits)
+        # Keep tokens up to the one that completes the stop string; cut the text right after it.
+        for count in range(before + 1, len(row.tokens) + 1):
+            if len(gen.decode(row.tokens[:count])) >= end:
+                del row.tokens[count:]
+                break
+        row.text = row.text[:end]
+        row.finish = "stop"
+
+    @staticmethod
+    def _text_delta(row: _Row) -> str:
+        text = row.text
+        if row.finish is None:
+            # A trailing U+FFFD is usually half of a multi-byte character: wait for the rest.
+            text = text.rstrip("\ufffd")
+        delta = text[row.streamed :] if len(text) > row.streamed else ""
+        row.streamed = max(row.streamed, len(text))
+        return delta
+
+    def _drop_rows(self, gen: _Generation, keep: list[int]) -> None:
+        gen.live = [gen.live[i] for i in keep]
+        if not keep:
+            return
+        index = torch.tensor(keep, dtype=torch.int64, device=gen.tokens.device)
+        gen.tokens = gen.tokens.index_select(0, index)
+        gen.padding = gen.padding.select(index)
+        self.target.select_rows(index)
+        for drafter in self.drafters:
+            drafter.select_rows(index)
+
+    def _result(self, gen: _Generation) -> GenerationResult:
+        width = max((len(row.tokens) for row in gen.rows), default=0)
+        output = torch.full((len(gen.rows), width), -1, dtype=torch.int64)
+        for i, row in enumerate(gen.rows):
+            if row.tokens:
+                output[i, : len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.int64)
+        texts = None
+        if gen.decode is not None:
+            if not gen.live_text:
+                for row in gen.rows:
+                    row.text = gen.decode(row.tokens)
+            texts = [row.text for row in gen.rows]
+        return GenerationResult(
+            output_ids=output,
+            tokens=[list(row.tokens) for row in gen.rows],
+            texts=texts,
+            finish_reasons=[row.finish or "length" for row in gen.rows],
+            stats=gen.stats,
+        )
+
+    # -- input preparation --------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        prompt: Prompt | None,
+        max_new_tokens: int,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        eos_token_id: int | Sequence[int] | None,
+        ignore_eos: bool,
+        stop: str | Sequence[str] | None,
+        seed: int | None,
+    ) -> _Generation:
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if prompt is not None and input_ids is not None:
+            raise ValueError("pass the prompt either positionally or as input_ids=, not both")
+        rows = self._tokenize(input_ids if input_ids is not None else prompt, attention_mask)
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        decode = self._decoder()
+        if stops and decode is None:
+            raise ValueError(
+                "stop strings need a tokenizer; pass tokenizer= to TargetModel or use eos_token_id"
+            )
+        limit = self.target.max_context
+        longest = max(len(r) for r in rows)
+        if limit is not None and longest >= limit and max_new_tokens > 0:
+            raise ValueError(
+                f"a prompt has {longest} tokens but the target's context limit is {limit}, "
+                "leaving no room to generate; shorten the prompt"
+            )
+        eos = (
+            frozenset()
+            if ignore_eos
+            else frozenset(as_id_list(eos_token_id) or self.target.eos_token_ids)
+        )
+        pad = self._pad_id()
+        device = self.target.device
+        tokens = torch.tensor(
+            [[pad] * (longest - len(r)) + r for r in rows], dtype=torch.int64, device=device
+        )
+        left = torch.tensor([longest - len(r) for r in rows], dtype=torch.int64, device=device)
+        seed = seed if seed is not None else self.config.sampling.seed
+        generator: torch.Generator | None = None
+        if not self.warper.greedy:
+            generator = torch.Generator(device=device)
+            if seed is not None:
+                generator.manual_seed(seed)
+            else:
+                generator.seed()
+        return _Generation(
+            tokens=tokens,
+            padding=Padding(left),
+            live=list(range(len(rows))) if max_new_tokens > 0 else [],
+            rows=[_Row() for _ in rows],
+            prompt_length=longest,
+            max_new_tokens=max_new_tokens,
+            limit=limit,
+            eos=eos,
+            stops=stops,
+            decode=decode,
+            live_text=True,
+            generator=generator,
+        )
+
+    def _tokenize(
+        self, prompt: Prompt | None, attention_mask: torch.Tensor | None
+    ) -> list[list[int]]:
+        """Prompt in any accepted form -> one list of token ids per row (padding removed)."""
+        if prompt is None:
+            raise ValueError(
+                "no prompt: pass a string, a list of strings, or token ids (input_ids=)"
+            )
+        if attention_mask is not None and not isinstance(prompt, torch.Tensor):
+            raise ValueError(
+                "attention_mask applies to tensor prompts only; other prompts are unpadded"
+            )
+        if isinstance(prompt, str) or (
+            isinstance(prompt, Sequence)
+            and len(prompt) > 0
+            and all(isinstance(p, str) for p in prompt)
+        ):
+            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            if self.tokenizer is None:
+                raise ValueError(
+                    "text prompts need a tokenizer; pass tokenizer= to TargetModel "
+                    "or give input_ids"
+                )
+            encode = self.tokenizer
+            rows = [list(encode(text, add_special_tokens=True)["input_ids"]) for text in texts]
+        elif isinstance(prompt, torch.Tensor):
+            ids = prompt.unsqueeze(0) if prompt.dim() == 1 else prompt
+            if ids.dim() != 2 or ids.dtype.is_floating_point:
+                raise ValueError(
+                    "input_ids must be an integer tensor of shape (B, L) or (L,), "
+                    f"got {prompt.dtype} {tuple(prompt.shape)}"
+                )
+            ids = ids.cpu()
+            if attention_mask is not None:
+                mask = (
+                    attention_mask.unsqueeze(0) if attention_mask.dim() == 1 else attention_mask
+                ).cpu()
+                if mask.shape != ids.shape:
+                    raise ValueError(
+                        f"attention_mask shape {tuple(mask.shape)} differs from "
+                        f"input_ids {tuple(ids.shape)}"
+                    )
+                rows = [r[m.bool()].tolist() for r, m in zip(ids, mask, strict=True)]
+            else:
+                rows = ids.tolist()
+        elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+            rows = [[int(t) for t in cast(Sequence[int], prompt)]]  # [] is one empty row
+        elif isinstance(prompt, Sequence) and all(isinstance(r, Sequence) for r in prompt):
+            rows = [[int(t) for t in cast(Sequence[int], r)] for r in prompt]
+        else:
+            raise ValueError(
+                f"cannot read a prompt from {type(prompt).__name__}; pass a string, a list of "
+                "strings, a list of token ids, or a (B, L) tensor"
+            )
+        vocab = self.target.vocab_size
+        for i, row in enumerate(rows):
+            if any(not 0 <= t < vocab for t in row):
+                raise ValueError(
+                    f"prompt row {i} has token ids outside [0, {vocab}) of the target's vocabulary"
+                )
+        bos = self._bos_id()
+        for i, row in enumerate(rows):
+            if not row:
+                if bos is None:
+                    raise ValueError(
+                        f"prompt row {i} is empty and the target defines no bos_token_id "
+                        "to start from; "
+                        "give at least one token"
+                    )
+                row.append(bos)
+        return rows
+
+    def _decoder(self) -> Callable[[list[int]], str] | None:
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return None
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        return decode
+
+    def _bos_id(self) -> int | None:
+        for source in (
+            getattr(self.target.model, "generation_config", None),
+            self.target.config,
+            self.tokenizer,
+        ):
+            value = getattr(source, "bos_token_id", None)
+            if isinstance(value, int):
+                return value
+        return None
+
+    def _pad_id(self) -> int:
+        # Any valid id works: padded columns are masked out.
+        for source in (self.tokenizer, self.target.config):
+            value = getattr(source, "pad_token_id", None)
+            if isinstance(value, int) and 0 <= value < self.target.vocab_size:
+                return value
+        return 0
+
+
+def _empty(tokens: torch.Tensor) -> Proposal:
+    return Proposal(tokens.new_empty((tokens.shape[0], 0)))

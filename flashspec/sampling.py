@@ -1,0 +1,315 @@
+"""Logit warping, token sampling and the accept/reject rules of a speculative round.
+
+Shapes: B rows, g drafts, V vocabulary. The target scores the pending token plus g drafts, so
+target tensors have g + 1 positions; position i (0-based) is the distribution of the token that
+follows draft i - 1 (position 0 follows the last committed token, position g is the bonus).
+
+Every ``accept_*`` function applies the lockstep rule for batches (see ``engine.py``): with
+m = the smallest number of drafts accepted by any row, every row emits its first m drafts and
+then one token at position m. For a row that accepted more than m drafts that token is its own
+accepted draft m; otherwise it is the rule's replacement (residual, argmax or bonus). The
+functions stay on the device; the engine reads the result once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from .config import ResidualBackend
+
+_NativeSample = Callable[
+    [npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float64]], Any
+]
+_native_cache: list[_NativeSample | None] = []
+
+
+def native_residual_sample() -> _NativeSample | None:
+    """``flashspec._residual.residual_sample`` if the extension imports, else None."""
+    if not _native_cache:
+        try:
+            module = importlib.import_module("flashspec._residual")
+            _native_cache.append(cast(_NativeSample, module.residual_sample))
+        except ImportError:
+            _native_cache.append(None)
+    return _native_cache[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Warping
+
+
+@dataclass(frozen=True)
+class Warper:
+    """Temperature, top-k and top-p, in that order (the order HF ``generate`` uses).
+
+    The same warper is applied to target and draft logits, so that rejection sampling compares
+    the distributions the tokens are actually drawn from.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """True for temperature 0 (argmax decoding)."""
+        return self.temperature == 0
+
+    def logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped float32 logits; filtered tokens get -inf. Temperature 0 is treated as 1."""
+        x = logits.float()
+        if self.temperature not in (0.0, 1.0):
+            x = x / self.temperature
+        vocab = x.shape[-1]
+        if 0 < self.top_k < vocab:
+            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_p < 1.0:
+            # Ascending sort: drop the low tail whose total mass stays within 1 - top_p; the most
+            # likely token always survives.
+            ascending, order = torch.sort(x, dim=-1)
+            tail_mass = ascending.softmax(dim=-1).cumsum(dim=-1)
+            drop_sorted = tail_mass <= 1.0 - self.top_p
+            drop_sorted[..., -1] = False
+            drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+            x = x.masked_fill(drop, float("-inf"))
+        return x
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped float32 probabilities over the last dimension."""
+        return self.logits(logits).softmax(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling primitives
+
+
+def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Sample index i with probability weights[i] / sum(weights), one per row, by inverse CDF.
+
+    Args:
+        weights: non-negative (..., V), need not be normalised; every row must have positive mass.
+        u: uniforms in [0, 1), shape (...).
+
+    Returns:
+        int64 indices, shape (...). Zero-weight entries are never returned.
+    """
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[..., -1:]
+    x = u.to(cdf.dtype).unsqueeze(-1) * total
+    # u * total can round up to total; the largest float below it still lands on a positive weight.
+    x = torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1)
+
+
+def residual_dist_torch(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Row-wise ``max(0, p - q) / sum(max(0, p - q))``; a row with no residual mass is p
+    renormalised."""
+    r = (p - q).clamp_min(0.0)
+    total = r.sum(dim=-1, keepdim=True)
+    empty = total <= 0
+    r = torch.where(empty, p, r)
+    total = torch.where(empty, p.sum(dim=-1, keepdim=True), total)
+    return r / total
+
+
+def residual_sample_torch(p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """PyTorch equivalent of ``flashspec._residual.residual_sample`` for (B, V) inputs.
+
+    Samples from ``max(0, p - q)`` renormalised (from p where the residual is empty) by inverse
+    CDF with the given uniforms, so it agrees with the native kernel draw for draw up to rounding.
+    """
+    r = (p - q).clamp_min(0.0)
+    empty = r.sum(dim=-1, keepdim=True) <= 0
+    return sample_inverse_cdf(torch.where(empty, p, r), u)
+
+
+def residual_sample(
+    p: torch.Tensor, q: torch.Tensor, u: torch.Tensor, backend: ResidualBackend = "auto"
+) -> torch.Tensor:
+    """Sample one token per row from the residual ``norm(max(0, p - q))``.
+
+    Args:
+        p, q: (B, V) probabilities (target, draft).
+        u: (B,) uniforms in [0, 1).
+        backend: ``"native"`` requires the C kernel and CPU float32 inputs; ``"torch"`` never uses
+            it; ``"auto"`` uses it where it applies.
+
+    Returns:
+        int64 tensor (B,) on p's device.
+    """
+    if backend != "torch":
+        native = native_residual_sample()
+        applicable = (
+            p.device.type == "cpu" and p.dtype == torch.float32 and q.dtype == torch.float32
+        )
+        if native is not None and applicable:
+            out = native(
+                p.detach().contiguous().numpy(),
+                q.detach().contiguous().numpy(),
+                u.detach().to(torch.float64).contiguous().numpy(),
+            )
+            return torch.from_numpy(np.asarray(out, dtype=np.int64))
+        if backend == "native":
+            why = (
+                "flashspec._residual does not import"
+                if native is None
+                else f"inputs are {p.dtype} on {p.device}"
+            )
+            raise RuntimeError(
+                f"SamplingConfig.residual='native' but {why}; the native kernel needs CPU float32. "
+                "Use residual='auto' to fall back to PyTorch."
+            )
+    return residual_sample_torch(p, q, u)
+
+
+# ---------------------------------------------------------------------------------------------
+# Accept / reject
+
+
+@dataclass
+class Acceptance:
+    """Outcome of one round, still on the device.
+
+    Attributes:
+        accepted: (B,) drafts each row would accept on its own (leading run).
+        token: (B,) the token every row emits after the first ``min(accepted)`` drafts.
+    """
+
+    accepted: torch.Tensor
+    token: torch.Tensor
+
+
+def _leading_run(ok: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True per row of a (B, g) bool tensor."""
+    return ok.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def _at(x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """x[:, position] for a 0-dim device tensor, without reading it on the host."""
+    return x.index_select(1, position.view(1)).squeeze(1)
+
+
+def _draft_at(drafts: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    # Rows needing draft m exist only when m < g, so clamping for m == g is harmless.
+    return _at(drafts, m.clamp(max=drafts.shape[1] - 1))
+
+
+def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> Acceptance:
+    """Greedy verification: accept drafts while they equal the target's argmax.
+
+    The emitted token is the target's argmax at position m, so the output is the target's
+    greedy continuation token for token.
+    """
+    # max().indices: same first-maximum rule as argmax, about twice as fast on CPU.
+    best = target_logits.max(dim=-1).indices  # (B, g + 1)
+    g = drafts.shape[1]
+    accepted = _leading_run(drafts == best[:, :g])
+    return Acceptance(accepted=accepted, token=_at(best, accepted.min()))
+
+
+def accept_rejection(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    drafts: torch.Tensor,
+    generator: torch.Generator | None,
+    backend: ResidualBackend = "auto",
+) -> Acceptance:
+    """Speculative sampling (Leviathan et al. 2023, Algorithm 1), batched in lockstep.
+
+    Draft i is accepted with probability min(1, p_i(d_i) / q_i(d_i)). At position m a row that
+    rejected draft m draws from the residual norm(max(0, p_m - q_m)); at m = g every row draws
+    the bonus token from p_g (the residual against an all-zero q).
+
+    Args:
+        p: (B, g + 1, V) warped target probabilities.
+        q: (B, g, V) the distributions the drafts were sampled from, or None when each draft was
+            proposed deterministically (a point mass, as prompt lookup does).
+        drafts: (B, g) int64.
+    """
+    batch, g = drafts.shape
+    u = torch.rand((batch, g + 1), generator=generator, device=p.device, dtype=torch.float64)
+    p_draft = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    if q is None:
+        ok = u[:, :g] < p_draft  # q(d) = 1
+    else:
+        q_draft = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+        ok = u[:, :g] * q_draft < p_draft
+    accepted = _leading_run(ok)
+    m = accepted.min()
+
+    p_m = _at(p, m)
+    if g == 0:
+        q_m = torch.zeros_like(p_m)
+    elif q is None:
+        q_m = torch.zeros_like(p_m).scatter_(1, _draft_at(drafts, m).unsqueeze(1), 1.0)
+        q_m = q_m * (m < g)
+    else:
+        q_m = _at(q, m.clamp(max=g - 1)) * (m < g)
+    residual = residual_sample(p_m, q_m, u[:, g], backend).to(p.device)
+    if g == 0:
+        return Acceptance(accepted=accepted, token=residual)
+    token = torch.where(accepted > m, _draft_at(drafts, m), residual)
+    return Acceptance(accepted=accepted, token=token)
+
+
+def accept_typical(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    generator: torch.Generator | None,
+    epsilon: float,
+    delta: float,
+) -> Acceptance:
+    """LOSSY typical acceptance (as in Medusa): accept draft i while
+    ``p_i(d_i) > min(epsilon, delta * exp(-H(p_i)))``; the replacement is drawn from p_m.
+
+    The output does not follow the target's distribution; it trades fidelity for speed.
+    """
+    batch, g = drafts.shape
+    p_draft = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    entropy = -torch.special.xlogy(p[:, :g], p[:, :g]).sum(dim=-1)
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
+    accepted = _leading_run(p_draft > threshold)
+    m = accepted.min()
+    u = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
+    fresh = sample_inverse_cdf(_at(p, m), u)
+    if g == 0:
+        return Acceptance(accepted=accepted, token=fresh)
+    return Acceptance(
+        accepted=accepted, token=torch.where(accepted > m, _draft_at(drafts, m), fresh)
+    )
+
+
+def draft_sample(
+    probs: torch.Tensor, generator: torch.Generator | None, backend: ResidualBackend = "auto"
+) -> torch.Tensor:
+    """One token per row from (B, V) probabilities, by inverse CDF.
+
+    On CPU float32 this goes through the native kernel too (the residual of p against q = 0 is
+    p itself): one C call instead of several small torch ops, a few times faster per draft.
+    """
+    u = torch.rand((probs.shape[0],), generator=generator, device=probs.device, dtype=torch.float64)
+    if backend == "torch" or probs.device.type != "cpu" or probs.dtype != torch.float32:
+        return sample_inverse_cdf(probs, u)
+    return residual_sample(probs, _zeros_like(probs), u, backend)
+
+
+_zeros: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def _zeros_like(x: torch.Tensor) -> torch.Tensor:
+    # Cached: a fresh zero buffer per draft would cost about as much as the sampling itself.
+    key = tuple(x.shape)
+    zeros = _zeros.get(key)
+    if zeros is None:
+        if len(_zeros) > 64:
+            _zeros.clear()
+        zeros = _zeros[key] = torch.zeros(key, dtype=torch.float32)
+    return zeros

@@ -1,0 +1,314 @@
+"""Engine API: the user-facing forms, stopping, streaming, edge cases and error messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+from conftest import build_char_tokenizer, build_llama, perturbed_copy
+
+import flashspec
+from flashspec import (
+    TRITON_AVAILABLE,
+    BanditConfig,
+    FlashSpecConfig,
+    ModelDrafter,
+    PromptLookupDrafter,
+    SamplingConfig,
+    SpeculativeEngine,
+    TargetModel,
+    UCB1Selector,
+    load_drafters,
+)
+
+PROMPT = "def quicksort(arr):"
+
+
+@cache
+def tokenizer() -> Any:
+    return build_char_tokenizer()
+
+
+@cache
+def pair() -> tuple[Any, Any]:
+    target = build_llama(0, init_range=0.3)
+    return target, perturbed_copy(target, 0.02, seed=1)
+
+
+def engine(gamma: int = 3, max_positions: int | None = None, **sampling: Any) -> SpeculativeEngine:
+    target, draft = pair()
+    if max_positions is not None:
+        target = build_llama(0, init_range=0.3, max_positions=max_positions)
+        draft = perturbed_copy(target, 0.02, seed=1)
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=gamma, **sampling))
+    target_model = TargetModel("tiny", model=target, tokenizer=tokenizer())
+    return SpeculativeEngine(config, [ModelDrafter(draft, name="draft")], target_model)
+
+
+def greedy_reference(prompt_ids: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = pair()[0].generate(
+            torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, pad_token_id=0
+        )
+    tokens: list[int] = out[0, len(prompt_ids) :].tolist()
+    return tokens
+
+
+def test_issue_example_form() -> None:
+    target, draft = pair()
+    eng = SpeculativeEngine.from_pretrained(
+        target="tiny-target",
+        drafters=["tiny-draft"],
+        config=FlashSpecConfig(sampling=SamplingConfig(gamma=4)),
+        models={"tiny-target": target, "tiny-draft": draft},
+        tokenizer=tokenizer(),
+    )
+    result = eng.generate(PROMPT, max_new_tokens=16)
+    assert isinstance(result.text, str) and len(result.tokens[0]) <= 16
+    assert result.text == tokenizer().decode(result.tokens[0], skip_special_tokens=True)
+    stats = result.stats
+    assert stats.rounds > 0 and stats.new_tokens == len(result.tokens[0])
+    assert 0.0 <= stats.acceptance_rate <= 1.0 and stats.mean_tokens_per_round >= 1.0
+    assert stats.tokens_per_second > 0 and stats.time_total >= stats.time_draft + stats.time_verify
+    assert set(stats.as_dict()) >= {
+        "rounds",
+        "drafted",
+        "accepted",
+        "time_other",
+        "tokens_per_second",
+    }
+    assert "tok/s" in str(stats)
+
+
+def test_explicit_form_of_the_earlier_library() -> None:
+    target, draft = pair()
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=4, temperature=0.0), bandit=BanditConfig(window_size=50)
+    )
+    target_model = TargetModel("tiny-target", "cpu", torch.float32, model=target)
+    drafters = load_drafters(
+        ["tiny-draft", "prompt_lookup"],
+        device="cpu",
+        dtype=torch.float32,
+        temperature=0.0,
+        models={"tiny-draft": draft},
+    )
+    selector = UCB1Selector(n_arms=len(drafters), window_size=50)
+    eng = SpeculativeEngine(config, drafters, target_model, selector)
+    ids = torch.tensor([tokenizer()(PROMPT)["input_ids"]])
+    result = eng.generate(ids, max_new_tokens=12)
+    assert result.output_ids.shape == (1, 12)
+    assert result.output_ids[0].tolist() == greedy_reference(ids[0].tolist(), 12)
+    assert result.texts is None  # no tokenizer was given
+    assert isinstance(TRITON_AVAILABLE, bool)
+
+
+def test_output_ids_pad_with_minus_one_after_a_row_ends() -> None:
+    ids = tokenizer()(PROMPT)["input_ids"]
+    first = greedy_reference(ids, 1)[0]
+    eng = engine()
+    # Row 0 ends at once (its first token is EOS); row 1 (a different prompt) continues.
+    result = eng.generate([PROMPT, "x = 1"], max_new_tokens=8, eos_token_id=first)
+    assert result.tokens[0] == [first] and result.finish_reasons[0] == "eos"
+    assert result.output_ids[0].tolist() == [first] + [-1] * (result.output_ids.shape[1] - 1)
+    assert len(result.tokens[1]) > 1
+
+
+def test_eos_list_and_ignore_eos() -> None:
+    ids = tokenizer()(PROMPT)["input_ids"]
+    ref = greedy_reference(ids, 10)
+    eng = engine()
+    stopped = eng.generate(PROMPT, max_new_tokens=10, eos_token_id=[999_999, ref[3]])
+    assert stopped.tokens[0] == ref[: ref.index(ref[3]) + 1]
+    assert stopped.finish_reasons == ["eos"]
+    full = eng.generate(PROMPT, max_new_tokens=10, eos_token_id=ref[3], ignore_eos=True)
+    assert full.tokens[0] == ref and full.finish_reasons == ["length"]
+
+
+def test_max_new_tokens_zero() -> None:
+    result = engine().generate([PROMPT, "ab"], max_new_tokens=0)
+    assert result.output_ids.shape == (2, 0)
+    assert result.tokens == [[], []] and result.texts == ["", ""]
+    assert result.stats.rounds == 0 and result.stats.tokens_per_second == 0.0
+
+
+def test_empty_prompt_starts_from_bos() -> None:
+    result = engine().generate("", max_new_tokens=6)
+    assert result.tokens[0] == greedy_reference([1], 6)  # LlamaConfig bos_token_id = 1
+    assert engine().generate([], max_new_tokens=6).tokens[0] == result.tokens[0]
+
+
+def test_empty_prompt_without_bos_is_a_clear_error() -> None:
+    eng = engine()
+    model: Any = eng.target.model
+    model.generation_config.bos_token_id = None
+    model.config.bos_token_id = None
+    no_bos = build_char_tokenizer()
+    no_bos.bos_token = None
+    eng.target.tokenizer = no_bos
+    with pytest.raises(ValueError, match="empty and the target defines no bos_token_id"):
+        eng.generate("", max_new_tokens=4)
+
+
+def test_stop_string_split_across_rounds() -> None:
+    eng = engine(gamma=3)
+    chunks = list(eng.stream(PROMPT, max_new_tokens=40, ignore_eos=True))
+    text = "".join(c.text for c in chunks)
+    # Pick a round boundary b such that text[b-2 : b+2] first occurs there.
+    boundary = None
+    offset = 0
+    for chunk in chunks[:-1]:
+        offset += len(chunk.text)
+        window = text[offset - 2 : offset + 2]
+        if offset >= 2 and len(window) == 4 and text.find(window) == offset - 2:
+            boundary = offset
+            break
+    assert boundary is not None, "no usable round boundary"
+    stop = text[boundary - 2 : boundary + 2]
+    result = eng.generate(PROMPT, max_new_tokens=40, ignore_eos=True, stop=[stop, "@@never@@"])
+    assert result.finish_reasons == ["stop"]
+    assert result.text == text[: boundary + 2] and result.text.endswith(stop)
+    assert len(result.tokens[0]) == boundary + 2  # character tokenizer: one token per character
+
+
+def test_stream_yields_text_as_rounds_commit() -> None:
+    eng = engine(gamma=2)
+    stream = eng.stream(PROMPT, max_new_tokens=20, ignore_eos=True)
+    chunks = list(stream)
+    assert stream.result is not None and len(chunks) == stream.result.stats.rounds
+    assert "".join(c.text for c in chunks) == stream.result.text
+    assert [t for c in chunks for t in c.token_ids] == stream.result.tokens[0]
+    assert chunks[-1].finish_reason == "length"
+    assert (
+        "".join(eng.stream(PROMPT, max_new_tokens=20, ignore_eos=True).text()) == stream.result.text
+    )
+
+
+def test_interleaved_streams_are_refused() -> None:
+    eng = engine()
+    first = iter(eng.stream(PROMPT, max_new_tokens=20, ignore_eos=True))
+    next(first)
+    eng.generate("abc", max_new_tokens=3)
+    with pytest.raises(RuntimeError, match="one generation at a time"):
+        list(first)
+
+
+def test_context_limit_truncates_and_long_prompt_is_refused() -> None:
+    eng = engine(max_positions=30)
+    ids = tokenizer()(PROMPT)["input_ids"]  # 19 tokens
+    result = eng.generate(PROMPT, max_new_tokens=50, ignore_eos=True)
+    assert len(ids) + len(result.tokens[0]) == 30
+    assert result.finish_reasons == ["context_limit"]
+    with pytest.raises(ValueError, match="context limit is 30"):
+        eng.generate("x" * 30, max_new_tokens=5)
+
+
+def test_right_padded_tensor_prompt_with_attention_mask() -> None:
+    tok = tokenizer()
+    a, b = tok(PROMPT)["input_ids"], tok("x = 1")["input_ids"]
+    ids = torch.tensor([a, b + [0] * (len(a) - len(b))])
+    mask = torch.tensor([[1] * len(a), [1] * len(b) + [0] * (len(a) - len(b))])
+    result = engine().generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=8, ignore_eos=True
+    )
+    assert result.tokens[1] == greedy_reference(b, 8)
+
+
+def test_typical_acceptance_runs() -> None:
+    # Lossy by design: only check it produces a full, valid generation.
+    eng = engine(gamma=4, temperature=0.8, method="typical", seed=0)
+    result = eng.generate([PROMPT, "ab"], max_new_tokens=12, ignore_eos=True)
+    assert [len(t) for t in result.tokens] == [12, 12]
+    assert all(0 <= t < 58 for row in result.tokens for t in row)
+
+
+def test_sampling_is_reproducible_with_a_seed() -> None:
+    eng = engine(gamma=3, temperature=1.0, top_k=20, top_p=0.9)
+    a = eng.generate(PROMPT, max_new_tokens=12, seed=123, ignore_eos=True)
+    b = eng.generate(PROMPT, max_new_tokens=12, seed=123, ignore_eos=True)
+    assert a.tokens == b.tokens
+
+
+def test_vocabulary_mismatch_is_refused() -> None:
+    target, _ = pair()
+    small = build_llama(5, vocab_size=30)
+    with pytest.raises(ValueError, match="vocabulary of 30 tokens but target 'tiny' has 58"):
+        SpeculativeEngine(
+            FlashSpecConfig(), [ModelDrafter(small)], TargetModel("tiny", model=target)
+        )
+    # Same size, different token table: caught through the tokenizers.
+    other = build_char_tokenizer()
+    other.add_tokens(["@"])  # a different table (size checked separately above)
+    swapped = TargetModel("tiny", model=target, tokenizer=tokenizer())
+    draft = ModelDrafter(pair()[1], name="draft", tokenizer=other)
+    with pytest.raises(ValueError, match="different tokens"):
+        SpeculativeEngine(FlashSpecConfig(), [draft], swapped)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gamma": 0}, r"SamplingConfig.gamma must be an integer >= 1, got 0; try gamma=4"),
+        ({"gamma": 2.5}, r"SamplingConfig.gamma must be an integer >= 1"),
+        ({"temperature": -0.1}, r"SamplingConfig.temperature must be a finite number >= 0"),
+        ({"temperature": float("nan")}, r"SamplingConfig.temperature must be a finite number"),
+        ({"top_p": 0.0}, r"SamplingConfig.top_p must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"SamplingConfig.top_p must be in \(0, 1\].*try top_p=0.9"),
+        ({"top_k": -1}, r"SamplingConfig.top_k must be an integer >= 0"),
+        ({"method": "nucleus"}, r"SamplingConfig.method must be one of"),
+        ({"residual": "asm"}, r"SamplingConfig.residual must be one of"),
+        ({"method": "rejection"}, r"needs temperature > 0"),
+        ({"method": "greedy", "temperature": 0.5}, r"method='greedy' but temperature=0.5"),
+        (
+            {"confidence_threshold": 2.0},
+            r"confidence_threshold must be None \(off\) or in \[0, 1\]",
+        ),
+    ],
+)
+def test_bad_sampling_config_values(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
+
+
+def test_other_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"BanditConfig\.window_size"):
+        BanditConfig(window_size=0)
+    with pytest.raises(ValueError, match=r"FlashSpecConfig\.dtype"):
+        FlashSpecConfig(dtype="int8")
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0"):
+        engine().generate(PROMPT, max_new_tokens=-1)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        SpeculativeEngine(
+            FlashSpecConfig(), [PromptLookupDrafter()], TargetModel(model=pair()[0])
+        ).generate([1, 2], stop="x")
+    with pytest.raises(ValueError, match="outside"):
+        engine().generate([[1, 2, 500]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="n_arms"):
+        UCB1Selector(n_arms=0)
+    with pytest.raises(TypeError, match="list of names"):
+        load_drafters("prompt_lookup")
+
+
+def test_package_exports_load_the_engine_lazily() -> None:
+    assert set(flashspec.__all__) == {*flashspec._EXPORTS, "__version__"}
+    code = (
+        "import sys, flashspec\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert flashspec.SpeculativeEngine.__name__ == 'SpeculativeEngine'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", [None, "demo"])
+def test_missing_demo_pair_is_a_clear_error(name: str | None) -> None:
+    from flashspec.models import DEMO_DIR
+
+    assert flashspec.resolve_model_path("/some/dir") == "/some/dir"
+    if (DEMO_DIR / "target" / "config.json").is_file():
+        pytest.skip("the demo pair is installed")
+    with pytest.raises(FileNotFoundError, match=r"demo .*target="):
+        SpeculativeEngine.from_pretrained(target=name)

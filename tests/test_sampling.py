@@ -1,0 +1,180 @@
+"""Warping, inverse-CDF sampling, the residual (native vs PyTorch) and the accept/reject rules."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec import sampling
+from flashspec.sampling import (
+    Warper,
+    accept_greedy,
+    accept_rejection,
+    accept_typical,
+    residual_dist_torch,
+    residual_sample,
+    residual_sample_torch,
+    sample_inverse_cdf,
+)
+
+CHI2_99 = {7: 18.475, 15: 30.578}
+
+
+def dirichlet(rng: np.random.Generator, shape: tuple[int, ...], alpha: float = 0.5) -> torch.Tensor:
+    return torch.from_numpy(rng.dirichlet(np.full(shape[-1], alpha), size=shape[:-1])).float()
+
+
+def chi2(samples: list[int], probs: torch.Tensor) -> float:
+    counts = Counter(samples)
+    n = len(samples)
+    assert all(counts[i] == 0 for i in range(len(probs)) if probs[i] == 0)
+    return sum(
+        (counts[i] - n * float(pi)) ** 2 / (n * float(pi)) for i, pi in enumerate(probs) if pi > 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (1.0, 0, 0.3), (2.0, 3, 0.95)],
+)
+def test_warper_matches_hf_warpers(temperature: float, top_k: int, top_p: float) -> None:
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    hf = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    if top_k:
+        hf.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        hf.append(TopPLogitsWarper(top_p))
+    logits = torch.randn((6, 50), generator=torch.Generator().manual_seed(0)) * 3
+    input_ids: Any = torch.zeros((6, 1), dtype=torch.long)
+    expected = hf(input_ids, logits.clone()).softmax(-1)
+    got = Warper(temperature, top_k, top_p).probs(logits)
+    assert torch.equal(got > 0, expected > 0)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_warper_batched_shape_and_keeps_top_token() -> None:
+    logits = torch.randn((2, 3, 40), generator=torch.Generator().manual_seed(1))
+    probs = Warper(0.7, 0, 1e-6).probs(logits)  # tiny top_p: only the argmax survives
+    assert probs.shape == logits.shape
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1))
+    torch.testing.assert_close(probs.max(-1).values, torch.ones(2, 3))
+
+
+def test_inverse_cdf_skips_zero_weights_even_at_the_edges() -> None:
+    weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0]] * 4)
+    u = torch.tensor([0.0, 0.3, 0.2999999, 1.0 - 2**-53], dtype=torch.float64)
+    assert sample_inverse_cdf(weights, u).tolist() == [1, 3, 1, 3]
+
+
+def test_inverse_cdf_distribution() -> None:
+    g = torch.Generator().manual_seed(2)
+    probs = dirichlet(np.random.default_rng(2), (16,))
+    u = torch.rand((20000,), generator=g, dtype=torch.float64)
+    samples = sample_inverse_cdf(probs.expand(20000, -1), u).tolist()
+    assert chi2(samples, probs) < CHI2_99[15]
+
+
+def test_torch_residual_formula() -> None:
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.2, 0.5, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
+    expected = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])  # p == q: p itself
+    torch.testing.assert_close(residual_dist_torch(p, q), expected)
+    u = torch.tensor([0.99, 0.6], dtype=torch.float64)
+    assert residual_sample_torch(p, q, u).tolist() == [0, 2]
+
+
+native = pytest.mark.skipif(
+    sampling.native_residual_sample() is None, reason="flashspec._residual not built"
+)
+
+
+@native
+def test_native_and_torch_residual_agree_draw_for_draw() -> None:
+    g, rng = torch.Generator().manual_seed(3), np.random.default_rng(3)
+    p, q = dirichlet(rng, (2000, 64)), dirichlet(rng, (2000, 64))
+    u = torch.rand((2000,), generator=g, dtype=torch.float64)
+    a = residual_sample(p, q, u, backend="native")
+    b = residual_sample(p, q, u, backend="torch")
+    # Identical inverse CDFs; only a u within rounding of a CDF step may land differently.
+    assert (a == b).float().mean() > 0.995
+    from flashspec._residual import residual_dist
+
+    torch.testing.assert_close(
+        torch.from_numpy(residual_dist(p.numpy(), q.numpy())), residual_dist_torch(p, q)
+    )
+
+
+@native
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_residual_backends_follow_the_residual_distribution(backend: str) -> None:
+    g, rng = torch.Generator().manual_seed(4), np.random.default_rng(4)
+    p, q = dirichlet(rng, (8,), 1.0), dirichlet(rng, (8,), 1.0)
+    n = 8000
+    u = torch.rand((n,), generator=g, dtype=torch.float64)
+    pn, qn = p.expand(n, -1).contiguous(), q.expand(n, -1).contiguous()
+    samples = residual_sample(pn, qn, u, "native" if backend == "native" else "torch")
+    assert chi2(samples.tolist(), residual_dist_torch(p, q)) < CHI2_99[7]
+
+
+def test_native_backend_refuses_what_it_cannot_do() -> None:
+    p = torch.full((2, 4), 0.25, dtype=torch.float64)
+    u = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="residual='auto'"):
+        residual_sample(p, p, u, backend="native")
+    assert residual_sample(p, p, u, backend="auto").tolist() == [0, 0]  # falls back to torch
+
+
+def test_accept_greedy_lockstep() -> None:
+    # Target argmax per position: row 0 -> 5 6 7 8, row 1 -> 5 6 1 2.
+    best = torch.tensor([[5, 6, 7, 8], [5, 6, 1, 2]])
+    logits = torch.nn.functional.one_hot(best, 10).float()
+    drafts = torch.tensor([[5, 6, 7], [5, 6, 9]])
+    out = accept_greedy(logits, drafts)
+    assert out.accepted.tolist() == [3, 2]
+    assert out.token.tolist() == [7, 1]  # m = 2: row 0 emits its accepted draft, row 1 the argmax
+
+
+def test_accept_rejection_full_acceptance_takes_bonus_from_last_position() -> None:
+    g = torch.Generator().manual_seed(5)
+    p = dirichlet(np.random.default_rng(5), (3, 4, 10))
+    drafts = torch.multinomial(p[:, :3].reshape(-1, 10), 1, generator=g).view(3, 3)
+    p[:, 3] = torch.nn.functional.one_hot(torch.tensor([4, 7, 9]), 10).float()
+    out = accept_rejection(p, p[:, :3], drafts, g)  # q == p: every draft accepted
+    assert out.accepted.tolist() == [3, 3, 3]
+    assert out.token.tolist() == [4, 7, 9]
+
+
+def test_accept_rejection_point_mass_rejects_token_with_zero_target_mass() -> None:
+    p = torch.tensor([[[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]]])
+    out = accept_rejection(p, None, torch.tensor([[0]]), torch.Generator().manual_seed(6))
+    assert out.accepted.tolist() == [0]
+    assert out.token.item() in (1, 2)  # residual of p against the point mass on 0
+
+
+def test_accept_rejection_without_drafts_samples_from_p() -> None:
+    p = torch.tensor([[[0.0, 0.0, 1.0]]])
+    out = accept_rejection(p, None, torch.empty((1, 0), dtype=torch.long), None)
+    assert out.accepted.tolist() == [0] and out.token.tolist() == [2]
+
+
+def test_accept_typical_accepts_likely_and_rejects_unlikely_drafts() -> None:
+    p = torch.tensor([[[0.9, 0.05, 0.05], [0.02, 0.18, 0.8], [0.0, 1.0, 0.0]]])
+    out = accept_typical(p, torch.tensor([[0, 0]]), torch.Generator().manual_seed(7), 0.09, 0.3)
+    assert out.accepted.tolist() == [1]
+    assert out.token.shape == (1,)
+
+
+def test_numpy_views_share_memory() -> None:
+    # The native path hands torch CPU tensors to the kernel as NumPy views: no copies.
+    t = torch.zeros(8)
+    assert np.shares_memory(t.numpy(), t.contiguous().numpy())
