@@ -3,7 +3,8 @@
     python benchmarks/render_readme.py
 
 The README's figures are never typed by hand: this script renders them from the JSON
-that the benchmarks wrote, with the machine, versions and git sha recorded there.
+that the benchmarks wrote (``flashspec bench kernel|engine|profile``), with the machine,
+versions and git sha recorded there. Sections whose JSON is missing are left as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-KERNEL_JSON = ROOT / "benchmarks" / "results" / "kernel.json"
+RESULTS = ROOT / "benchmarks" / "results"
+KERNEL_JSON = RESULTS / "kernel.json"
+ENGINE_JSON = RESULTS / "engine.json"
+PROFILE_JSON = RESULTS / "profile.json"
+SWEEP_HEADER = ["gamma", "speedup (median)", "ideal", "acceptance", "tokens/round", "identical"]
 
 
 def kernel_section(data: dict[str, Any]) -> str:
@@ -38,7 +43,159 @@ def kernel_section(data: dict[str, Any]) -> str:
     lines += ["", "Against the kernel issue's targets (ratios from the same run):", ""]
     for k, v in data["summary"].items():
         lines.append(f"- {k}: {v}")
+    if (RESULTS / "kernel.png").exists():
+        lines += ["", "![time per call against V](benchmarks/results/kernel.png)"]
     return "\n".join(lines)
+
+
+def _markdown(rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * (len(rows[0]) - 1)]
+    out += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return out
+
+
+def engine_section(data: dict[str, Any], profile: dict[str, Any] | None) -> str:
+    from flashspec._bench_engine import engine_table
+
+    m, s, pair, costs = data["machine"], data["settings"], data["pair"], data["costs"]
+    counts = s["prompts"]
+    lines = [
+        f"{m['cpu']}, {m['cores']} cores, {m.get('torch_threads')} torch threads; "
+        f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; "
+        f"git {m['git_sha'][:10]}, {m['date']}; load average {m.get('loadavg_start')} at the "
+        f"start, {m.get('loadavg_end')} at the end. Pair: `{Path(pair['target']).name}` "
+        f"({pair['target_parameters'] / 1e6:.1f} M parameters) drafted by "
+        f"`{Path(str(pair['draft'])).name}` ({(pair['draft_parameters'] or 0) / 1e6:.1f} M). "
+        f"{counts['humaneval']} HumanEval prompts and {counts['stdlib']} held-out stdlib "
+        f"prefixes (last {s['max_prompt_tokens']} prompt tokens), {s['max_new_tokens']} new "
+        f"tokens each (EOS ignored by every method), gamma = {s['gamma']}; methods "
+        "interleaved per prompt in one process after a warm-up. Speedup: median of per-prompt "
+        "tokens/s ratios against plain HF `generate` (greedy; sampling against HF sampling). "
+        "Greedy identity: prompts whose output equals HF greedy token for token, or differs "
+        "first where the target's top-2 logits are within 1e-4 (a tie).",
+        "",
+        f"Decode cost at {costs['context_tokens']} tokens of context: target "
+        f"{costs['target_ms']:.2f} ms per one-token step, draft {costs.get('draft_ms', 0):.2f} "
+        f"ms (cost ratio c = {costs.get('c')}); a {costs['verify_tokens']}-token verification "
+        f"forward costs {costs['verify_over_step']:.2f} steps. Ideal speedup = tokens per round "
+        "/ (drafts per round x c + 1); efficiency = measured speedup / ideal. Raw efficiency = "
+        "(rounds x (drafts per round x draft step + target step)) / measured time: how close "
+        "a method gets to its bare forward costs, with no credit for HF `generate`'s own "
+        "per-step overhead.",
+    ]
+    for split, title in (("humaneval", "HumanEval"), ("stdlib", "Held-out stdlib prefixes")):
+        if split in data["summary"]:
+            lines += ["", f"**{title}**", "", *_markdown(engine_table(data, split))]
+    if data.get("targets"):
+        lines += ["", "Against the benchmark issue's targets (HumanEval, flashspec greedy):", ""]
+        lines += [f"- {k}: {v}" for k, v in data["targets"].items()]
+    sweep = data.get("gamma_sweep")
+    if sweep:
+        lines += [
+            "",
+            f"**gamma sweep** (flashspec greedy, first {sweep[0]['prompts']} prompts):",
+            "",
+            *_markdown(
+                [SWEEP_HEADER]
+                + [
+                    [
+                        str(r["gamma"]),
+                        f"{r['speedup_median']:.2f}x",
+                        f"{r['ideal_speedup_median']:.2f}" if r["ideal_speedup_median"] else "—",
+                        f"{r['acceptance_rate']:.1%}" if r["acceptance_rate"] is not None else "—",
+                        f"{r['tokens_per_round']:.2f}",
+                        "yes" if r["all_match"] else "NO",
+                    ]
+                    for r in sweep
+                ]
+            ),
+        ]
+    others = sorted(RESULTS.glob("engine-*.json"))
+    if others:
+        lines += ["", *other_runs([json.loads(path.read_text()) for path in others])]
+    if (RESULTS / "engine.png").exists():
+        lines += ["", "![per-prompt speedups and gamma sweep](benchmarks/results/engine.png)"]
+    if profile is not None:
+        lines += ["", *profile_section(profile)]
+    return "\n".join(lines)
+
+
+def other_runs(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per extra engine run (``engine-*.json``: other gamma, other pairs)."""
+    rows = [
+        [
+            "run",
+            "gamma",
+            "prompts",
+            "flashspec greedy",
+            "best HF assisted",
+            "HF prompt lookup",
+            "flashspec lookup",
+            "all greedy identical",
+            "flashspec efficiency",
+        ]
+    ]
+    for data in runs:
+        he = data["summary"].get("humaneval") or data["summary"]["all"]
+        assisted = [v["speedup_median"] for k, v in he.items() if k.startswith("hf_assisted")]
+        counts = data["settings"]["prompts"]
+        greedy = [v for k, v in he.items() if k not in ("hf_sample", "fs_sample")]
+        ours = he.get("fs_greedy") or he.get("fs_lookup") or {}
+
+        def speed(method: str, he: dict[str, Any] = he) -> str:
+            return f"{he[method]['speedup_median']:.2f}x" if method in he else "—"
+
+        rows.append(
+            [
+                str(data["settings"].get("name") or Path(data["pair"]["target"]).name),
+                str(data["settings"]["gamma"]),
+                f"{counts['humaneval']} HumanEval",
+                speed("fs_greedy"),
+                f"{max(assisted):.2f}x" if assisted else "—",
+                speed("hf_lookup"),
+                speed("fs_lookup"),
+                "yes" if all(v.get("all_match", True) for v in greedy) else "NO",
+                f"{ours['efficiency_median']:.2f}" if ours.get("efficiency_median") else "—",
+            ]
+        )
+    return [
+        "Other runs (`benchmarks/results/engine-*.json`; HumanEval medians against plain HF "
+        "greedy):",
+        "",
+        *_markdown(rows),
+    ]
+
+
+def profile_section(data: dict[str, Any]) -> list[str]:
+    modes = data["modes"]
+    s = data["settings"]
+    categories = list(modes[0]["ms_per_round"])
+    lines = [
+        f"**Where a round's time goes** (`flashspec bench profile`: {len(s['prompts'])} "
+        f"HumanEval prompts, {s['max_new_tokens']} new tokens, gamma = {s['gamma']}, "
+        f"vocabulary {data['pair']['vocab_size']:,}; ms per round, share of the round):",
+        "",
+        "| part of the round | " + " | ".join(mode["label"] for mode in modes) + " |",
+        "|---|" + "---:|" * len(modes),
+    ]
+    for key in categories:
+        cells = " | ".join(
+            f"{mode['ms_per_round'][key]:.3f} ({mode['share_of_round'][key]:.1%})" for mode in modes
+        )
+        lines.append(f"| {key} | {cells} |")
+    lines.append(
+        "| **round** | " + " | ".join(f"**{mode['round_ms']:.3f}**" for mode in modes) + " |"
+    )
+    lines.append("")
+    for mode in modes:
+        if mode["residual_calls"]:
+            lines.append(
+                f"- {mode['label']}: the residual draw takes {mode['residual_us_per_call']} µs "
+                f"a call, {mode['residual_share_of_verification']:.2%} of verification "
+                "(target forward + softmax/warping + accept test + residual) and "
+                f"{mode['share_of_round']['residual (rejection)']:.2%} of the round."
+            )
+    return lines
 
 
 def replace_between(text: str, tag: str, body: str) -> str:
@@ -52,6 +209,10 @@ def main() -> None:
     if KERNEL_JSON.exists():
         kernel = json.loads(KERNEL_JSON.read_text())
         text = replace_between(text, "KERNEL-BENCH", kernel_section(kernel))
+    if ENGINE_JSON.exists():
+        engine = json.loads(ENGINE_JSON.read_text())
+        profile = json.loads(PROFILE_JSON.read_text()) if PROFILE_JSON.exists() else None
+        text = replace_between(text, "ENGINE-BENCH", engine_section(engine, profile))
     README.write_text(text)
     print(f"updated {README}")
 

@@ -5,26 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v nasm >/dev/null 2>&1; then
-    echo "== installing nasm (apt)"
-    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq nasm >/dev/null
-fi
-
+bash scripts/setup.sh dev
 PY=${PYTHON:-python3}
-echo "== installing flashspec (editable) with pinned test dependencies"
-# constraints-ci.txt pins torch to the CPU build; the package itself only asks for a range.
-$PY -m pip install -q --disable-pip-version-check -c constraints-ci.txt \
-    setuptools wheel
-$PY -m pip install -q --disable-pip-version-check -c constraints-ci.txt \
-    --no-build-isolation -e '.[dev]'
 
 echo "== ruff"
 $PY -m ruff check flashspec tests scripts benchmarks wheels setup.py
 echo "== mypy --strict"
 $PY -m mypy --strict flashspec
 
+# Tests never download; make any accidental hub access fail fast instead of hanging.
+export HF_HUB_OFFLINE=1
 echo "== pytest"
 $PY -m pytest -q tests
 

@@ -1,0 +1,606 @@
+"""The ``flashspec`` command: ``flashspec generate``, ``flashspec info`` (and ``flashspec bench``).
+
+Errors a user can fix (a missing model, a hub id while offline, mismatched vocabularies, bad flag
+values) print one line saying what to do and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+# Top-2 logit gap below which a greedy difference is a floating-point tie (see design notes).
+TIE = 1e-4
+
+
+class UserError(Exception):
+    """A problem the user can fix; main() prints it as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line with a pointer to --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _temperature(text: str) -> float:
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy), got {text!r}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = _float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1 = off), got {text!r}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``flashspec`` command."""
+    parser = _Parser(
+        prog="flashspec",
+        description="Lossless speculative decoding for HuggingFace causal LMs.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = commands.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description=(
+            "Generate a continuation of PROMPT with speculative decoding, streaming the text, "
+            "then print one stats line. Without --target, uses the bundled demo pair "
+            "(a small Llama trained on the Python standard library, and its distilled draft)."
+        ),
+    )
+    gen.add_argument("prompt", nargs="?", help="the prompt (or use --batch-file)")
+    gen.add_argument(
+        "--target", default="demo", help="local directory or hub id (default: the demo target)"
+    )
+    gen.add_argument(
+        "--draft",
+        default=None,
+        help="draft model: local directory or hub id (default: the demo draft with the demo "
+        "target, prompt lookup otherwise)",
+    )
+    gen.add_argument(
+        "--drafter",
+        choices=("model", "prompt-lookup"),
+        default=None,
+        help="'prompt-lookup' drafts by copying n-grams from the context (no draft model)",
+    )
+    gen.add_argument("--gamma", type=_positive_int, default=4, help="drafts per round (4)")
+    gen.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus mass, 1 = off")
+    gen.add_argument("--top-k", type=_nonnegative_int, default=0, help="0 = off")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    gen.add_argument("--seed", type=_int, default=None, help="seed for sampling")
+    gen.add_argument(
+        "--variant",
+        choices=("auto", "rejection", "greedy", "typical"),
+        default="auto",
+        help="acceptance rule: auto (greedy at temperature 0, rejection otherwise), "
+        "rejection (lossless sampling), greedy, typical (lossy, faster)",
+    )
+    gen.add_argument(
+        "--batch-file",
+        type=Path,
+        default=None,
+        help="generate for every non-empty line of this file as one batch "
+        "(\\n and \\t in a line stand for newline and tab)",
+    )
+    gen.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run plain target decoding; print the speedup and whether outputs match",
+    )
+    gen.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    gen.set_defaults(func=cmd_generate)
+
+    # `flashspec bench engine|kernel|profile|all` lives with the benchmarks (flashspec.bench).
+    from .bench import add_parser as add_bench_parser
+
+    add_bench_parser(commands)
+
+    info = commands.add_parser("info", help="versions, kernel backend, CPU features, demo pair")
+    info.add_argument("--json", action="store_true", help="print as JSON")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def _quiet_libraries() -> None:
+    # Library warnings (deprecations, generation-config notes) would interleave with the
+    # streamed text; the command reports what matters itself.
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return
+    hf_logging: Any = logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _looks_local(name: str) -> bool:
+    """A name meant as a filesystem path rather than a hub id ("org/model")."""
+    return (
+        name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def check_model_name(name: str, flag: str) -> None:
+    """Fail early, in one line, for a local path that holds no model.
+
+    Raises:
+        UserError: the path is missing or holds no config.json.
+    """
+    from .models import DEMO_DRAFT_NAME, DEMO_NAME, resolve_model_path
+
+    if name in (DEMO_NAME, DEMO_DRAFT_NAME):
+        try:
+            resolve_model_path(name)
+        except FileNotFoundError as exc:
+            raise UserError(str(exc)) from None
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"{flag} {name}: the directory has no config.json; pass a directory saved with "
+                "save_pretrained (config.json + weights + tokenizer files)"
+            )
+        return
+    if path.exists() or _looks_local(name):
+        raise UserError(
+            f"{flag} {name}: no model directory there; pass a directory saved with "
+            "save_pretrained, or a hub id such as org/model"
+        )
+
+
+@contextlib.contextmanager
+def _load_errors(name: str, flag: str) -> Iterator[None]:
+    """Turn loader exceptions for ``name`` into one-line UserErrors."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (OSError, ValueError) as exc:
+        if Path(name).expanduser().exists():
+            raise UserError(
+                f"{flag} {name}: cannot load the model there: {_first_line(exc)}"
+            ) from None
+        if _offline():
+            raise UserError(
+                f"{flag} {name}: not a local directory, and it is not in the local Hugging Face "
+                "cache while the hub is offline (HF_HUB_OFFLINE=1); download it on a machine "
+                f"with network (huggingface-cli download {name}) and pass the local directory"
+            ) from None
+        raise UserError(
+            f"{flag} {name}: not a local directory, and it could not be fetched from the "
+            f"Hugging Face hub ({_first_line(exc)}); check the id and your network, or pass a "
+            "local directory"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    """The engine the flags describe.
+
+    Raises:
+        UserError: bad flag combinations or values, missing or unloadable models, vocabulary
+            mismatch.
+    """
+    from .config import FlashSpecConfig, SamplingConfig
+    from .drafters import PromptLookupDrafter, load_drafters
+    from .engine import SpeculativeEngine
+    from .models import DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
+
+    if args.drafter == "prompt-lookup" and args.draft is not None:
+        raise UserError("--drafter prompt-lookup needs no draft model; drop --draft or --drafter")
+    try:
+        config = FlashSpecConfig(
+            sampling=SamplingConfig(
+                gamma=args.gamma,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                method=args.variant,
+                seed=args.seed,
+            ),
+            device=args.device,
+            dtype=args.dtype,
+        )
+    except (ValueError, TypeError) as exc:
+        raise UserError(_flag_message(str(exc))) from None
+
+    _check_device(config.device)
+
+    draft: str | None = args.draft
+    if draft is None and args.drafter != "prompt-lookup" and args.target == DEMO_NAME:
+        draft = DEMO_DRAFT_NAME
+    if draft is None and args.drafter == "model":
+        raise UserError("--drafter model needs --draft PATH (a draft model for this target)")
+    check_model_name(args.target, "--target")
+    if draft is not None:
+        check_model_name(draft, "--draft")
+
+    with _load_errors(args.target, "--target"):
+        target = TargetModel(args.target, config.device, config.dtype)
+    if draft is None:
+        drafters: list[Any] = [PromptLookupDrafter()]
+    else:
+        with _load_errors(draft, "--draft"):
+            drafters = list(load_drafters([draft], device=config.device, dtype=config.dtype))
+    try:
+        return SpeculativeEngine(config, drafters, target)
+    except ValueError as exc:
+        # The engine's vocabulary check; its message already says what to use instead.
+        raise UserError(_first_line(exc)) from None
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
+            "use --device cpu"
+        )
+
+
+def _flag_message(message: str) -> str:
+    """Config errors name dataclass fields; say the flag the user typed instead."""
+    for field, flag in (
+        ("SamplingConfig.method", "--variant"),
+        ("SamplingConfig.top_p", "--top-p"),
+        ("SamplingConfig.top_k", "--top-k"),
+        ("SamplingConfig.", "--"),
+        ("FlashSpecConfig.", "--"),
+    ):
+        message = message.replace(field, flag)
+    return message.replace("method=", "--variant ").replace("temperature=", "--temperature ")
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.batch_file is not None:
+        if args.prompt is not None:
+            raise UserError("give either a PROMPT or --batch-file, not both")
+        try:
+            lines = args.batch_file.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise UserError(f"--batch-file {args.batch_file}: {exc.strerror or exc}") from None
+        prompts = [line.replace("\\n", "\n").replace("\\t", "\t") for line in lines if line.strip()]
+        if not prompts:
+            raise UserError(f"--batch-file {args.batch_file}: no non-empty lines")
+        return prompts
+    if args.prompt is None:
+        raise UserError('no prompt; try: flashspec generate "def quicksort(arr):"')
+    return [str(args.prompt)]
+
+
+def _stats_line(stats: Any, label: str = "speculative") -> str:
+    return (
+        f"[{label}] {stats.new_tokens} tokens in {stats.time_total:.2f}s: "
+        f"{stats.tokens_per_second:.1f} tokens/s, acceptance {stats.acceptance_rate:.1%}, "
+        f"{stats.mean_tokens_per_round:.2f} tokens/round"
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """``flashspec generate``: stream, then stats (and the comparison with --compare)."""
+    prompts = _read_prompts(args)
+    if args.compare and len(prompts) > 1:
+        raise UserError("--compare runs one prompt; drop --batch-file or --compare")
+    _quiet_libraries()
+    engine = build_engine(args)
+    out = sys.stdout
+    if args.compare:
+        # One short warm-up of both paths, so neither timing includes first-call set-up.
+        with _generation_errors():
+            engine.generate(prompts[0], max_new_tokens=2)
+        _plain_generate(engine, prompts[0], 2, args)
+
+    if len(prompts) == 1:
+        # Arguments are checked when the stream is made, before anything is printed.
+        with _generation_errors():
+            stream = engine.stream(prompts[0], max_new_tokens=args.max_new_tokens)
+        out.write(prompts[0])
+        out.flush()
+        for piece in stream.text():
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        result = stream.result
+    else:
+        with _generation_errors():
+            result = engine.generate(prompts, max_new_tokens=args.max_new_tokens)
+        for i, (prompt, text) in enumerate(zip(prompts, result.texts or [], strict=False)):
+            out.write(f"--- [{i}] ---\n{prompt}{text}\n")
+    assert result is not None
+    out.flush()
+    print(_stats_line(result.stats), file=sys.stderr, flush=True)
+
+    if args.compare:
+        start = time.perf_counter()
+        plain = _plain_generate(engine, prompts[0], args.max_new_tokens, args)
+        plain_s = time.perf_counter() - start
+        spec_s = result.stats.time_total
+        speedup = plain_s / spec_s if spec_s > 0 else float("nan")
+        print(
+            f"[plain target] {len(plain)} tokens in {plain_s:.2f}s: "
+            f"{len(plain) / plain_s if plain_s > 0 else 0.0:.1f} tokens/s; "
+            f"speedup {speedup:.2f}x",
+            file=sys.stderr,
+        )
+        if args.temperature == 0:
+            ours = list(result.tokens[0])
+            if ours == plain:
+                print("[compare] greedy outputs identical", file=sys.stderr, flush=True)
+            else:
+                at = _first_diff(ours, plain)
+                gap = _top2_gap(engine, prompts[0], plain[:at])
+                # One k-token forward and k one-token forwards may round differently; where
+                # the target's top two logits are that close, either token is its argmax.
+                tie = gap is not None and gap < TIE
+                print(
+                    f"[compare] greedy outputs DIFFER from token {at}"
+                    + (
+                        f", where the target's top two logits are {gap:.1e} apart "
+                        "(a floating-point tie, not an error)"
+                        if tie
+                        else ""
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if not tie:
+                    return 1
+        else:
+            print(
+                "[compare] sampling (temperature > 0): outputs are draws from the same "
+                "distribution, not token-for-token equal",
+                file=sys.stderr,
+                flush=True,
+            )
+    return 0
+
+
+@contextlib.contextmanager
+def _generation_errors() -> Iterator[None]:
+    """The engine's argument errors (a prompt longer than the context...) as one line."""
+    try:
+        yield
+    except ValueError as exc:
+        raise UserError(_first_line(exc)) from None
+
+
+def _top2_gap(engine: Any, prompt: str, prefix: list[int]) -> float | None:
+    """Gap between the target's top two logits after ``prompt`` + ``prefix`` (None if unknown)."""
+    import torch
+
+    target = engine.target
+    ids = target.tokenizer(prompt, add_special_tokens=True)["input_ids"] + prefix
+    if target.max_context is not None and len(ids) >= target.max_context:
+        return None
+    with torch.inference_mode():
+        logits = target.model(input_ids=torch.tensor([ids], device=target.device)).logits
+    top = logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _plain_generate(
+    engine: Any, prompt: str, max_new_tokens: int, args: argparse.Namespace
+) -> list[int]:
+    """The target's own decoding (HF ``generate``), new token ids only."""
+    import torch
+
+    target = engine.target
+    ids = target.tokenizer(prompt, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    ids = ids.to(target.device)
+    eos = target.eos_token_ids
+    options: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "attention_mask": torch.ones_like(ids),
+        "eos_token_id": eos or None,
+        "pad_token_id": eos[0] if eos else 0,
+    }
+    if args.temperature == 0:
+        options["do_sample"] = False
+    else:
+        if args.seed is not None:
+            torch.manual_seed(args.seed)
+        options.update(
+            do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k
+        )
+    with torch.inference_mode():
+        output = target.model.generate(ids, **options)
+    return [int(t) for t in output[0, ids.shape[1] :].tolist()]
+
+
+def _version_of(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_name() -> str:
+    # platform.processor() is empty on most Linux systems; /proc/cpuinfo names the model.
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def info() -> dict[str, Any]:
+    """What ``flashspec info`` reports, as a dict."""
+    import numpy
+    import torch
+    import transformers
+
+    from . import __version__
+    from .models import DEMO_DIR
+
+    report: dict[str, Any] = {
+        "flashspec": __version__,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.machine()}",
+        "torch": f"{torch.__version__} (threads: {torch.get_num_threads()}, "
+        f"cuda: {torch.cuda.is_available()})",
+        "transformers": transformers.__version__,
+        "tokenizers": _version_of("tokenizers"),
+        "numpy": numpy.__version__,
+        "cpu": f"{_cpu_name()} ({os.cpu_count()} logical cores)",
+    }
+    try:
+        from . import _residual
+
+        features = _residual.cpu_features()
+        report["kernel"] = {
+            "backend": _residual.backend(),
+            "available": _residual.available_backends(),
+            "abi_version": _residual.abi_version(),
+            "cpu_features": dict(features),
+        }
+    except ImportError as exc:
+        report["kernel"] = f"not available ({_first_line(exc)}); the engine falls back to torch"
+    card_path = DEMO_DIR / "card.json"
+    demo: dict[str, Any] = {
+        "path": str(DEMO_DIR),
+        "target": str(DEMO_DIR / "target"),
+        "draft": str(DEMO_DIR / "draft"),
+        "present": (DEMO_DIR / "target" / "config.json").is_file()
+        and (DEMO_DIR / "draft" / "config.json").is_file(),
+    }
+    if card_path.is_file():
+        card = json.loads(card_path.read_text())
+        measured = card.get("measured", {})
+        demo["card"] = {
+            "held_out_loss": measured.get("held_out_loss"),
+            "draft_target_cost_ratio": measured.get("draft_target_cost_ratio"),
+            "greedy_acceptance": measured.get("greedy_acceptance", {}).get("acceptance_rate"),
+            "size_mb": card.get("size_mb"),
+        }
+    report["demo_pair"] = demo
+    return report
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """``flashspec info``."""
+    report = info()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for key, value in report.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for sub, item in value.items():
+                if isinstance(item, dict):
+                    item = ", ".join(f"{k}={v}" for k, v in item.items())
+                print(f"  {sub}: {item}")
+        else:
+            print(f"{key}: {value}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flashspec`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except UserError as exc:
+        print(f"flashspec: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nflashspec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `flashspec generate ... | head`: the reader left; nothing more to say.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
