@@ -177,7 +177,8 @@ class PromptLookupDrafter(Drafter):
     """Drafts by n-gram lookup in the prompt and generated text; no model.
 
     For each row the last n tokens (n from ``max_ngram`` down to ``min_ngram``) are searched for
-    earlier in the row; the tokens that followed the most recent match are proposed. Drafts are
+    earlier in the row; the tokens that followed the most recent match with ``gamma`` tokens
+    after it (else the earliest match) are proposed. Drafts are
     deterministic (point masses), which keeps rejection sampling lossless.
     """
 
@@ -196,7 +197,7 @@ class PromptLookupDrafter(Drafter):
         self.name = name
 
     def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
-        """Up to ``gamma`` tokens that followed the latest earlier match of each row's suffix."""
+        """Up to ``gamma`` tokens that followed an earlier match of each row's suffix."""
         tokens = ctx.tokens
         batch, length = tokens.shape
         device = tokens.device
@@ -208,8 +209,16 @@ class PromptLookupDrafter(Drafter):
             hit = (windows == tokens[:, length - n :].unsqueeze(1)).all(dim=-1)
             columns = torch.arange(length - n, device=device)
             hit &= columns.unsqueeze(0) >= left.unsqueeze(1)
-            latest = torch.where(hit, columns.unsqueeze(0), -1).max(dim=1).values
-            start = torch.where((start < 0) & (latest >= 0), latest + n, start)
+            # The latest match that still has gamma tokens after it; failing that, the earliest
+            # (the longest continuation). Taking the latest match alone drafts a single period
+            # of repetitive text, however large gamma is.
+            full = hit & (columns.unsqueeze(0) + n + gamma <= length)
+            latest_full = torch.where(full, columns.unsqueeze(0), -1).max(dim=1).values
+            earliest = torch.where(hit, columns.unsqueeze(0), length).min(dim=1).values
+            chosen = torch.where(
+                latest_full >= 0, latest_full, torch.where(earliest < length, earliest, -1)
+            )
+            start = torch.where((start < 0) & (chosen >= 0), chosen + n, start)
         available = torch.where(start >= 0, length - start, 0).clamp(max=gamma)
         count = int(available.max()) if batch else 0
         if count == 0:

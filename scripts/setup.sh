@@ -18,6 +18,7 @@ TARGET="."
 if [ -n "${1:-}" ]; then TARGET=".[$1]"; fi
 echo "== installing flashspec ($TARGET, editable) with pinned dependencies"
 # constraints-ci.txt pins torch to the CPU build; the package itself only asks for a range.
-$PY -m pip install -q --disable-pip-version-check -c constraints-ci.txt setuptools wheel
+# --upgrade: a new venv carries an old setuptools that predates PEP 639 license metadata.
+$PY -m pip install -q --disable-pip-version-check -c constraints-ci.txt --upgrade "setuptools>=77" wheel
 $PY -m pip install -q --disable-pip-version-check -c constraints-ci.txt \
     --no-build-isolation -e "$TARGET"

@@ -315,3 +315,20 @@ def test_missing_demo_pair_is_a_clear_error(
     monkeypatch.setattr(flashspec.models, "DEMO_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match=r"demo .*target="):
         SpeculativeEngine.from_pretrained(target=name)
+
+
+def test_prompt_lookup_drafts_gamma_tokens_of_repetitive_text() -> None:
+    """The latest match of a periodic suffix is one period back: drafting from it alone would
+    propose one period whatever gamma is."""
+    from flashspec.drafters import DraftContext
+    from flashspec.models import Padding
+    from flashspec.sampling import Warper
+
+    tokens = torch.tensor([[9, 8, 7] + [5, 6] * 10])
+    ctx = DraftContext(tokens, Padding(torch.zeros(1, dtype=torch.int64)), Warper(0.0), None)
+    drafts = PromptLookupDrafter().propose(ctx, 10).tokens
+    assert drafts.tolist() == [[5, 6] * 5]
+    # Without a match that long, the earliest match gives the longest continuation.
+    short = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 9, 1, 2]])
+    ctx = DraftContext(short, Padding(torch.zeros(1, dtype=torch.int64)), Warper(0.0), None)
+    assert PromptLookupDrafter().propose(ctx, 10).tokens.tolist() == [[3, 4, 1, 2, 3, 9, 1, 2]]
