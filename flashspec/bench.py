@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _argtypes
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 HUMANEVAL = DATA_DIR / "humaneval" / "HumanEval.jsonl.gz"
 DEFAULT_OUT = Path("benchmarks") / "results"
@@ -243,26 +245,6 @@ def pyplot() -> Any:
 # ------------------------------------------------------------------------------------- CLI
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` with its ``engine``/``kernel``/``profile`` commands to ``subparsers``.
 
@@ -297,23 +279,40 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument(
             "--draft", default="demo-draft", help="draft: local path, or none (no draft model)"
         )
-        p.add_argument("--gamma", type=_positive, default=4, help="drafts per round (default 4)")
         p.add_argument(
-            "--threads", type=_positive, default=None, help="torch threads (default: torch's own)"
+            "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (default 4)"
+        )
+        p.add_argument(
+            "--threads",
+            type=_argtypes.positive_int,
+            default=None,
+            help="torch threads (default: torch's own)",
         )
         p.add_argument(
             "--max-prompt-tokens",
-            type=_positive,
+            type=_argtypes.positive_int,
             default=128,
             help="keep the last N prompt tokens (default 128: the demo pair trained on "
             "256-token windows, and 128 new tokens follow)",
         )
 
     def engine_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--humaneval", type=_count, default=20, help="HumanEval prompts (first N)")
-        p.add_argument("--stdlib", type=_count, default=10, help="held-out stdlib prefixes")
-        p.add_argument("--max-new-tokens", type=_positive, default=128)
-        p.add_argument("--sweep-prompts", type=_count, default=8, help="prompts in the gamma sweep")
+        p.add_argument(
+            "--humaneval",
+            type=_argtypes.nonnegative_int,
+            default=20,
+            help="HumanEval prompts (first N)",
+        )
+        p.add_argument(
+            "--stdlib", type=_argtypes.nonnegative_int, default=10, help="held-out stdlib prefixes"
+        )
+        p.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
+        p.add_argument(
+            "--sweep-prompts",
+            type=_argtypes.nonnegative_int,
+            default=8,
+            help="prompts in the gamma sweep",
+        )
         p.add_argument("--sweep-gammas", default="1,2,3,4,5,6,7,8", help="gamma values to sweep")
         p.add_argument("--no-sweep", action="store_true", help="skip the gamma sweep")
         p.add_argument(
@@ -335,8 +334,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     profile = which.add_parser("profile", help="where one round's time goes")
     common(profile)
     models(profile)
-    profile.add_argument("--prompts", type=_positive, default=6, help="HumanEval prompts profiled")
-    profile.add_argument("--max-new-tokens", type=_positive, default=128)
+    profile.add_argument(
+        "--prompts", type=_argtypes.positive_int, default=6, help="HumanEval prompts profiled"
+    )
+    profile.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
     profile.add_argument("--name", default="profile", help="result file stem (default profile)")
 
     every = which.add_parser(
@@ -346,7 +347,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     models(every)
     engine_options(every)
     every.add_argument(
-        "--profile-prompts", dest="prompts", type=_positive, default=6, help="prompts profiled"
+        "--profile-prompts",
+        dest="prompts",
+        type=_argtypes.positive_int,
+        default=6,
+        help="prompts profiled",
     )
     return bench
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import _argtypes
+
 EXIT_USAGE = 2
 # Top-2 logit gap below which a greedy difference is a floating-point tie (see design notes).
 TIE = 1e-4
@@ -35,51 +37,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ------------------------------------------------------------------------------------ parsing
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-def _temperature(text: str) -> float:
-    value = _float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy), got {text!r}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    value = _float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1 = off), got {text!r}")
-    return value
-
-
-def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,12 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="'prompt-lookup' drafts by copying n-grams from the context (no draft model)",
     )
-    gen.add_argument("--gamma", type=_positive_int, default=4, help="drafts per round (4)")
-    gen.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus mass, 1 = off")
-    gen.add_argument("--top-k", type=_nonnegative_int, default=0, help="0 = off")
-    gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    gen.add_argument("--seed", type=_int, default=None, help="seed for sampling")
+    gen.add_argument("--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)")
+    gen.add_argument(
+        "--temperature", type=_argtypes.temperature, default=0.0, help="0 = greedy (default)"
+    )
+    gen.add_argument("--top-p", type=_argtypes.top_p, default=1.0, help="nucleus mass, 1 = off")
+    gen.add_argument("--top-k", type=_argtypes.nonnegative_int, default=0, help="0 = off")
+    gen.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
+    gen.add_argument("--seed", type=_argtypes.integer, default=None, help="seed for sampling")
     gen.add_argument(
         "--variant",
         choices=("auto", "rejection", "greedy", "typical"),

@@ -1,0 +1,60 @@
+"""argparse value types shared by the `flashspec` subcommands.
+
+A bad value becomes argparse's one-line usage error that names the flag, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def integer(text: str) -> int:
+    """Any integer."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def temperature(text: str) -> float:
+    """A sampling temperature >= 0 (0 = greedy)."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy), got {text!r}")
+    return value
+
+
+def top_p(text: str) -> float:
+    """A nucleus mass in (0, 1]."""
+    value = finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1 = off), got {text!r}")
+    return value
