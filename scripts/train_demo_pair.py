@@ -28,7 +28,7 @@ import platform
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -235,21 +235,33 @@ def optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> torch.optim.Opti
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def train_target(model: Any, stream: torch.Tensor, plan: Plan) -> dict[str, float]:
-    gen = torch.Generator().manual_seed(plan.seed + 1)
-    opt = optimizer(model, plan, plan.target_lr)
+def _optimise(
+    model: Any,
+    stream: torch.Tensor,
+    plan: Plan,
+    *,
+    name: str,
+    seed: int,
+    steps: int,
+    warmup: int,
+    lr: float,
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[float, float]:
+    """The loop both models train with: AdamW, warmup + cosine, clipping, a smoothed loss bar.
+
+    Returns (smoothed final loss, wall seconds). ``loss_of`` maps a batch of token windows to the
+    scalar loss; the model is left in eval mode.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    opt = optimizer(model, plan, lr)
     model.train()
     batches = windows(stream, plan, gen)
     start, smooth = time.perf_counter(), float("nan")
-    bar = tqdm(range(plan.target_steps), desc="target", mininterval=10, file=sys.stdout)
+    bar = tqdm(range(steps), desc=name, mininterval=10, file=sys.stdout)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(
-                step, plan.target_steps, plan.target_warmup, plan.target_lr, plan.min_lr_ratio
-            )
-        batch = next(batches)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            group["lr"] = lr_at(step, steps, warmup, lr, plan.min_lr_ratio)
+        loss = loss_of(next(batches))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -258,7 +270,28 @@ def train_target(model: Any, stream: torch.Tensor, plan: Plan) -> dict[str, floa
         smooth = value if math.isnan(smooth) else 0.95 * smooth + 0.05 * value
         bar.set_postfix(loss=f"{smooth:.3f}")
     model.eval()
-    return {"final_train_loss": smooth, "wall_s": time.perf_counter() - start}
+    return smooth, time.perf_counter() - start
+
+
+def train_target(model: Any, stream: torch.Tensor, plan: Plan) -> dict[str, float]:
+    """Next-token cross-entropy on the training text."""
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=batch[:, :-1]).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    smooth, wall = _optimise(
+        model,
+        stream,
+        plan,
+        name="target",
+        seed=plan.seed + 1,
+        steps=plan.target_steps,
+        warmup=plan.target_warmup,
+        lr=plan.target_lr,
+        loss_of=loss_of,
+    )
+    return {"final_train_loss": smooth, "wall_s": wall}
 
 
 def init_draft_from_target(draft: Any, target: Any) -> None:
@@ -272,37 +305,32 @@ def init_draft_from_target(draft: Any, target: Any) -> None:
 
 def distil_draft(draft: Any, target: Any, stream: torch.Tensor, plan: Plan) -> dict[str, float]:
     """Minimise KL(target || draft) over the next-token distributions of the training text."""
-    gen = torch.Generator().manual_seed(plan.seed + 2)
-    opt = optimizer(draft, plan, plan.draft_lr)
-    draft.train()
-    batches = windows(stream, plan, gen)
-    start, smooth = time.perf_counter(), float("nan")
-    bar = tqdm(range(plan.draft_steps), desc="draft", mininterval=10, file=sys.stdout)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(
-                step, plan.draft_steps, plan.draft_warmup, plan.draft_lr, plan.min_lr_ratio
-            )
-        inputs = next(batches)[:, :-1]
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        inputs = batch[:, :-1]
         with torch.no_grad():
             teacher = F.log_softmax(target(input_ids=inputs).logits, dim=-1)
         student = F.log_softmax(draft(input_ids=inputs).logits, dim=-1)
         vocab = student.shape[-1]
-        loss = F.kl_div(
+        return F.kl_div(
             student.reshape(-1, vocab),
             teacher.reshape(-1, vocab),
             log_target=True,
             reduction="batchmean",
         )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        value = loss.item()
-        smooth = value if math.isnan(smooth) else 0.95 * smooth + 0.05 * value
-        bar.set_postfix(kl=f"{smooth:.3f}")
-    draft.eval()
-    return {"final_train_kl": smooth, "wall_s": time.perf_counter() - start}
+
+    smooth, wall = _optimise(
+        draft,
+        stream,
+        plan,
+        name="draft",
+        seed=plan.seed + 2,
+        steps=plan.draft_steps,
+        warmup=plan.draft_warmup,
+        lr=plan.draft_lr,
+        loss_of=loss_of,
+    )
+    return {"final_train_kl": smooth, "wall_s": wall}
 
 
 def save_model(model: Any, tokenizer: Any, out: Path) -> None:
