@@ -17,7 +17,10 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "TRITON_AVAILABLE": "._compat",
+    "Selector": ".bandit",
+    "ThompsonSelector": ".bandit",
     "UCB1Selector": ".bandit",
+    "make_selector": ".bandit",
     "BanditConfig": ".config",
     "FlashSpecConfig": ".config",
     "SamplingConfig": ".config",
@@ -25,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "ModelDrafter": ".drafters",
     "PromptLookupDrafter": ".drafters",
     "load_drafters": ".drafters",
+    "Arm": ".engine",
     "GenerationResult": ".engine",
     "GenerationStats": ".engine",
     "SpeculativeEngine": ".engine",
@@ -36,6 +40,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "TRITON_AVAILABLE",
+    "Arm",
     "BanditConfig",
     "Drafter",
     "FlashSpecConfig",
@@ -44,22 +49,26 @@ __all__ = [
     "ModelDrafter",
     "PromptLookupDrafter",
     "SamplingConfig",
+    "Selector",
     "SpeculativeEngine",
     "StreamChunk",
     "TargetModel",
+    "ThompsonSelector",
     "TokenStream",
     "UCB1Selector",
     "__version__",
     "load_drafters",
+    "make_selector",
     "resolve_model_path",
 ]
 
 if TYPE_CHECKING:
     from ._compat import TRITON_AVAILABLE
-    from .bandit import UCB1Selector
+    from .bandit import Selector, ThompsonSelector, UCB1Selector, make_selector
     from .config import BanditConfig, FlashSpecConfig, SamplingConfig
     from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, load_drafters
     from .engine import (
+        Arm,
         GenerationResult,
         GenerationStats,
         SpeculativeEngine,

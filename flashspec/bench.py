@@ -1,4 +1,4 @@
-"""Benchmarks: ``flashspec bench engine | kernel | profile``.
+"""Benchmarks: ``flashspec bench engine | kernel | profile | regret``.
 
 - ``engine``: flashspec against plain HF ``generate``, HF assisted generation (same draft) and
   HF prompt lookup, per prompt, methods interleaved in one process; tokens/s, speedups, greedy
@@ -7,6 +7,8 @@
 - ``kernel``: the residual kernel against NumPy, torch and C (``kernel.json``, ``kernel.png``).
 - ``profile``: where one speculative round's time goes, with the native residual kernel and
   with the PyTorch one (``profile.json``).
+- ``regret``: the drafter selectors' synthetic regret on Bernoulli arms (``regret.json``,
+  ``regret.png``; ``flashspec._bench_regret``).
 
 Results go to ``--out-dir`` (default ``benchmarks/results``); ``benchmarks/render_readme.py``
 turns them into the README tables. Wiring into a parent parser::
@@ -258,7 +260,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "draft and HF prompt lookup, on HumanEval and held-out stdlib code, then a gamma "
             "sweep (engine.json, engine.png). kernel: the residual kernel against NumPy, torch "
             "and C (kernel.json, kernel.png). profile: where a speculative round's time goes "
-            "(profile.json)."
+            "(profile.json). regret: UCB1 and Thompson sampling on Bernoulli arms "
+            "(regret.json, regret.png)."
         ),
     )
     which = bench.add_subparsers(dest="bench", required=True)
@@ -340,6 +343,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     profile.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
     profile.add_argument("--name", default="profile", help="result file stem (default profile)")
 
+    from ._bench_regret import add_arguments as regret_arguments
+
+    regret = which.add_parser("regret", help="selectors' synthetic regret on Bernoulli arms")
+    common(regret)
+    regret_arguments(regret)
+
     every = which.add_parser(
         "all", help="kernel, engine and profile in turn (kernel.json, engine.json, profile.json)"
     )
@@ -360,6 +369,10 @@ def main(args: argparse.Namespace) -> int:
     """Run the benchmark ``args.bench`` names; write its JSON (and PNG) to ``args.out_dir``."""
     if args.bench == "kernel":
         return _main_kernel(args)
+    if args.bench == "regret":
+        from . import _bench_regret
+
+        return _bench_regret.main(args)
     from . import _bench_engine
 
     if args.bench == "engine":

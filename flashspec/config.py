@@ -77,6 +77,11 @@ class SamplingConfig:
         typical_delta: entropy-scaled part of the typical-acceptance threshold.
         confidence_threshold: a model drafter stops proposing once the top probability of its
             distribution falls below this value (None disables; HF uses 0.4).
+        dynamic_gamma: adapt the draft length during a generation, per arm: +2 after a round
+            in which every draft was accepted, -1 otherwise, within [1, max_gamma] (the
+            schedule HF calls "heuristic"). Starts from the arm's gamma each generation.
+        max_gamma: upper bound of the dynamic draft length (an arm whose gamma is larger
+            keeps its own gamma as the bound).
         seed: seed for the engine's random generator (None: nondeterministic).
     """
 
@@ -89,6 +94,8 @@ class SamplingConfig:
     typical_epsilon: float = 0.09
     typical_delta: float = 0.3
     confidence_threshold: float | None = None
+    dynamic_gamma: bool = False
+    max_gamma: int = 16
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -136,6 +143,8 @@ class SamplingConfig:
             "None (off) or in [0, 1]",
             "; try 0.4",
         )
+        check(isinstance(self.dynamic_gamma, bool), "dynamic_gamma", "True or False")
+        check(_is_int(self.max_gamma) and self.max_gamma >= 1, "max_gamma", "an integer >= 1")
         check(self.seed is None or _is_int(self.seed), "seed", "an integer or None")
 
     @property
@@ -146,19 +155,43 @@ class SamplingConfig:
         return self.method
 
 
+SelectorKind = Literal["ucb1", "thompson"]
+_SELECTORS = ("ucb1", "thompson")
+
+
 @dataclass
 class BanditConfig:
-    """Drafter selection by UCB1 when the engine has more than one drafter.
+    """Online choice of the round's arm: a (drafter, gamma) pair, or plain decoding.
+
+    The engine's arms are every drafter with every gamma in ``gammas``, plus plain decoding
+    (gamma 0: one target forward, one token) when ``plain`` is set. With more than one arm a
+    selector picks the arm each round and is rewarded with the tokens the round emitted per
+    second of its wall time, so the engine drops to plain decoding when no drafter pays and
+    returns when one does. The choice depends only on past rounds, so output stays exact.
 
     Attributes:
-        exploration: the constant c in ``mean + c * sqrt(2 ln t / n)``.
-        window_size: if set, only the last ``window_size`` rounds count (adapts to drift).
+        selector: ``"ucb1"`` (mean + c * scale * sqrt(2 ln t / n)) or ``"thompson"``
+            (Beta-Bernoulli posterior sampling on rewards scaled to [0, 1]).
+        exploration: the constant c of UCB1.
+        window_size: if set, only the last ``window_size`` rounds count (adapts to drift, e.g.
+            a stream of prompts of different kinds).
+        gammas: draft lengths to choose among (each >= 1); None: ``SamplingConfig.gamma`` alone.
+        plain: add the plain-decoding arm (gamma 0).
+        seed: seed of the Thompson selector's own random source (never the generation's).
     """
 
+    selector: SelectorKind = "ucb1"
     exploration: float = 1.0
     window_size: int | None = None
+    gammas: tuple[int, ...] | None = None
+    plain: bool = False
+    seed: int | None = None
 
     def __post_init__(self) -> None:
+        if self.selector not in _SELECTORS:
+            raise ValueError(
+                f"BanditConfig.selector must be one of {_SELECTORS}, got {self.selector!r}"
+            )
         if not _is_real(self.exploration) or self.exploration < 0:
             raise ValueError(
                 f"BanditConfig.exploration must be a finite number >= 0, got {self.exploration!r}"
@@ -168,6 +201,23 @@ class BanditConfig:
             raise ValueError(
                 f"BanditConfig.window_size must be None or an integer >= 1, got {window!r}"
             )
+        if self.gammas is not None:
+            if isinstance(self.gammas, (str, bytes)) or not all(
+                _is_int(g) and g >= 1 for g in self.gammas
+            ):
+                raise ValueError(
+                    "BanditConfig.gammas must be None or a sequence of integers >= 1, got "
+                    f"{self.gammas!r}; e.g. gammas=(2, 4, 8) (plain decoding is plain=True)"
+                )
+            if not self.gammas:
+                raise ValueError(
+                    "BanditConfig.gammas is empty; use None for SamplingConfig.gamma alone"
+                )
+            self.gammas = tuple(dict.fromkeys(int(g) for g in self.gammas))
+        if not isinstance(self.plain, bool):
+            raise ValueError(f"BanditConfig.plain must be True or False, got {self.plain!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"BanditConfig.seed must be an integer or None, got {self.seed!r}")
 
 
 @dataclass

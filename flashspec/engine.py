@@ -31,8 +31,8 @@ from typing import Any, cast
 
 import torch
 
-from .bandit import UCB1Selector
-from .config import FlashSpecConfig
+from .bandit import Selector, make_selector
+from .config import FlashSpecConfig, SamplingConfig
 from .drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from .models import (
     DEMO_DRAFT_NAME,
@@ -46,6 +46,7 @@ from .models import (
 from .sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
 
 Prompt = str | Sequence[str] | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
+Stop = str | Sequence[str] | Sequence[str | Sequence[str] | None] | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,6 +72,7 @@ class GenerationStats:
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_accept: float = 0.0
+    arm_rounds: dict[str, int] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -94,7 +96,9 @@ class GenerationStats:
 
     def as_dict(self) -> dict[str, float]:
         """All counters, derived rates and times as a flat dict."""
-        data: dict[str, float] = {k: float(v) for k, v in asdict(self).items()}
+        data: dict[str, float] = {
+            k: float(v) for k, v in asdict(self).items() if not isinstance(v, dict)
+        }
         data.update(
             acceptance_rate=self.acceptance_rate,
             mean_tokens_per_round=self.mean_tokens_per_round,
@@ -122,7 +126,8 @@ class GenerationResult:
         tokens: the same as lists, without the -1 filler.
         texts: decoded new text per row (None without a tokenizer). A row stopped by a stop
             string ends right after it.
-        finish_reasons: per row: "eos", "stop", "length" (max_new_tokens) or "context_limit".
+        finish_reasons: per row: "eos", "stop", "length" (max_new_tokens), "context_limit" or
+            "cancelled" (``TokenStream.cancel``).
         stats: counters and timings.
     """
 
@@ -168,9 +173,25 @@ class StreamChunk:
 class TokenStream:
     """Iterator over ``StreamChunk`` as rounds commit; ``result`` is set once it is exhausted."""
 
-    def __init__(self, rounds: Generator[list[StreamChunk], None, GenerationResult]) -> None:
+    def __init__(
+        self,
+        rounds: Generator[list[StreamChunk], None, GenerationResult],
+        cancelled: set[int] | None = None,
+    ) -> None:
         self._rounds = rounds
+        self._cancelled = cancelled if cancelled is not None else set()
         self.result: GenerationResult | None = None
+
+    def cancel(self, row: int) -> None:
+        """Stop generating for ``row`` (e.g. its client went away).
+
+        May be called from another thread than the one iterating: the row leaves the batch
+        before the next round, which frees its share of the work, and its last chunk has
+        finish reason ``"cancelled"``. Cancelling a finished row does nothing.
+        """
+        if isinstance(row, bool) or not isinstance(row, int):
+            raise TypeError(f"row must be an int, got {type(row).__name__}")
+        self._cancelled.add(row)
 
     def __iter__(self) -> Iterator[StreamChunk]:
         try:
@@ -205,14 +226,33 @@ class _Generation:
     live: list[int]  # batch index of each live row
     rows: list[_Row]
     prompt_length: int
-    max_new_tokens: int
+    max_new_tokens: list[int]  # per batch row
     limit: int | None
     eos: frozenset[int]
-    stops: tuple[str, ...]
+    stops: list[tuple[str, ...]]  # per batch row
     decode: Callable[[list[int]], str] | None
     live_text: bool  # decode every round (streaming, stop strings) rather than once at the end
     generator: torch.Generator | None
+    sampling: SamplingConfig
+    warper: Warper
+    arm_gammas: list[int]  # current draft length of each arm (changes with dynamic_gamma)
+    cancelled: set[int] = field(default_factory=set)  # batch rows; filled by TokenStream.cancel
     stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One choice the selector can make for a round.
+
+    Attributes:
+        drafter: index into ``SpeculativeEngine.drafters``; None for plain decoding.
+        gamma: draft length; None for the generation's ``SamplingConfig.gamma``; 0 for plain.
+        label: name in stats (``GenerationStats.arm_rounds``) and benchmarks.
+    """
+
+    drafter: int | None
+    gamma: int | None
+    label: str
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,8 +266,12 @@ class SpeculativeEngine:
         config: engine settings (``FlashSpecConfig``).
         drafters: one or more drafters (``ModelDrafter``, ``PromptLookupDrafter``...).
         target: the model whose output is reproduced (``TargetModel``).
-        selector: chooses a drafter each round; defaults to ``UCB1Selector`` when there are
-            several drafters.
+        selector: chooses the arm each round (see ``arms``); by default the one
+            ``config.bandit`` describes, built when there is more than one arm.
+
+    Attributes:
+        arms: every drafter with every gamma of ``config.bandit.gammas``, then plain decoding
+            if ``config.bandit.plain``. The selector's arm i is ``arms[i]``.
 
     Raises:
         ValueError: a model drafter with another vocabulary than the target's, or on another
@@ -239,7 +283,7 @@ class SpeculativeEngine:
         config: FlashSpecConfig,
         drafters: Sequence[Drafter] | Drafter,
         target: TargetModel,
-        selector: UCB1Selector | None = None,
+        selector: Selector | None = None,
     ) -> None:
         if not isinstance(config, FlashSpecConfig):
             raise TypeError(f"config must be a FlashSpecConfig, got {type(config).__name__}")
@@ -265,19 +309,34 @@ class SpeculativeEngine:
                         f"is on {target.device}; "
                         "load both on the same device"
                     )
-        if selector is None and len(drafter_list) > 1:
-            selector = UCB1Selector(
-                n_arms=len(drafter_list),
-                window_size=config.bandit.window_size,
-                c=config.bandit.exploration,
+        bandit = config.bandit
+        gammas: tuple[int | None, ...] = bandit.gammas or (None,)
+        arms = [
+            Arm(d, g, f"{drafter.name}/{'gamma' if g is None else g}")
+            for d, drafter in enumerate(drafter_list)
+            for g in gammas
+        ]
+        if bandit.plain:
+            arms.append(Arm(None, 0, "plain"))
+        if selector is None and len(arms) > 1:
+            selector = make_selector(
+                bandit.selector,
+                len(arms),
+                window_size=bandit.window_size,
+                exploration=bandit.exploration,
+                seed=bandit.seed,
             )
-        if selector is not None and selector.n_arms != len(drafter_list):
+        if selector is not None and selector.n_arms != len(arms):
             raise ValueError(
-                f"selector has {selector.n_arms} arms but there are {len(drafter_list)} drafters"
+                f"selector has {selector.n_arms} arms but the engine has {len(arms)}: "
+                f"{[arm.label for arm in arms]} (drafters x config.bandit.gammas, + plain)"
             )
         self.config = config
         self.drafters = drafter_list
         self.target = target
+        self.arms = arms
+        # Kept across generations: what paid on the last prompts is the best prior for the
+        # next (a window forgets it when the workload changes).
         self.selector = selector
         sampling = config.sampling
         self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -292,7 +351,7 @@ class SpeculativeEngine:
         *,
         models: Mapping[str, torch.nn.Module] | None = None,
         tokenizer: Any = None,
-        selector: UCB1Selector | None = None,
+        selector: Selector | None = None,
     ) -> SpeculativeEngine:
         """Build an engine from names.
 
@@ -339,37 +398,51 @@ class SpeculativeEngine:
     def generate(
         self,
         prompt: Prompt | None = None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | Sequence[int] = 128,
         *,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         ignore_eos: bool = False,
-        stop: str | Sequence[str] | None = None,
+        stop: Stop = None,
         seed: int | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> GenerationResult:
         """Generate a continuation of each prompt.
 
         Args:
             prompt: a string, a list of strings, token ids (list or (B, L) tensor; a tensor may be
                 given as ``input_ids`` instead).
-            max_new_tokens: new tokens per row at most (>= 0).
+            max_new_tokens: new tokens per row at most (>= 0); one number for every row, or a
+                list with one per row.
             attention_mask: (B, L) 1 for real tokens, 0 for padding (either side), for a tensor
                 prompt.
             eos_token_id: id(s) that end a row; default: the target's. Ignored if ``ignore_eos``.
             stop: string(s) that end a row once they appear in its new text (needs a tokenizer);
-                matches across round boundaries. Output keeps the stop string.
+                matches across round boundaries. Output keeps the stop string. A string or a
+                list of strings applies to every row; a list of ``None``/string/list items, one
+                per row, gives each row its own (e.g. ``[["\n\n"], None]``).
             seed: seed for this call (default ``config.sampling.seed``).
+            sampling: settings for this call instead of ``config.sampling`` (temperature,
+                top-k/top-p, method, gamma...), e.g. one per request in a server.
 
         Generation also ends at the target's context limit (``max_position_embeddings``):
         the row is truncated there with finish reason ``"context_limit"``.
         """
         generation = self._prepare(
-            prompt, max_new_tokens, input_ids, attention_mask, eos_token_id, ignore_eos, stop, seed
+            prompt,
+            max_new_tokens,
+            input_ids,
+            attention_mask,
+            eos_token_id,
+            ignore_eos,
+            stop,
+            seed,
+            sampling,
         )
         # Nobody reads the text before the end unless a stop string needs it.
-        generation.live_text = bool(generation.stops)
-        stream = TokenStream(self._run(generation))
+        generation.live_text = any(generation.stops)
+        stream = TokenStream(self._run(generation), generation.cancelled)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -378,14 +451,15 @@ class SpeculativeEngine:
     def stream(
         self,
         prompt: Prompt | None = None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | Sequence[int] = 128,
         *,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         ignore_eos: bool = False,
-        stop: str | Sequence[str] | None = None,
+        stop: Stop = None,
         seed: int | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> TokenStream:
         """Like ``generate``, but returns an iterator of ``StreamChunk`` yielded as rounds commit.
 
@@ -393,9 +467,17 @@ class SpeculativeEngine:
         available as ``stream.result`` after iteration.
         """
         generation = self._prepare(
-            prompt, max_new_tokens, input_ids, attention_mask, eos_token_id, ignore_eos, stop, seed
+            prompt,
+            max_new_tokens,
+            input_ids,
+            attention_mask,
+            eos_token_id,
+            ignore_eos,
+            stop,
+            seed,
+            sampling,
         )
-        return TokenStream(self._run(generation))
+        return TokenStream(self._run(generation), generation.cancelled)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -412,6 +494,12 @@ class SpeculativeEngine:
                     "another generation started on this engine while this stream was being "
                     "read; an engine runs one generation at a time (use one engine per stream)"
                 )
+            if gen.cancelled:
+                cancelled = self._cancel_rows(gen)
+                if cancelled:
+                    yield cancelled
+                if not gen.live:
+                    break
             # Inference mode per round, not around the yield: the consumer's code between
             # chunks must not run inside it.
             with torch.inference_mode():
@@ -424,20 +512,25 @@ class SpeculativeEngine:
         start = time.perf_counter()
         stats = gen.stats
         length = gen.tokens.shape[1]
-        room = gen.max_new_tokens - (length - gen.prompt_length)
+        generated = length - gen.prompt_length  # the same for every live row (lockstep)
+        room = max(gen.max_new_tokens[i] for i in gen.live) - generated
         if gen.limit is not None:
             room = min(room, gen.limit - length)
-        # Drafts beyond room - 1 could never be emitted: the round adds one token of its own.
-        gamma = min(self.config.sampling.gamma, room - 1)
+
+        # 0. choose the arm: a drafter and its draft length, or plain decoding. Drafts beyond
+        # room - 1 could never be emitted (the round adds one token of its own), and a round
+        # that can emit one token is plain whatever is chosen, so it teaches the selector nothing.
+        choose = self.selector is not None and room > 1
+        index = self.selector.select() if self.selector is not None and choose else 0
+        arm = self.arms[index]
+        gamma = min(gen.arm_gammas[index], room - 1)
 
         # 1. draft
-        arm = self.selector.select() if self.selector is not None and gamma > 0 else 0
-        drafter = self.drafters[arm]
-        proposal = (
-            drafter.propose(self._draft_context(gen, drafter), gamma)
-            if gamma > 0
-            else _empty(gen.tokens)
-        )
+        if arm.drafter is not None and gamma > 0:
+            drafter = self.drafters[arm.drafter]
+            proposal = drafter.propose(self._draft_context(gen, drafter), gamma)
+        else:
+            proposal = _empty(gen.tokens)
         drafted_at = time.perf_counter()
 
         # 2. verify
@@ -447,7 +540,7 @@ class SpeculativeEngine:
         verified_at = time.perf_counter()
 
         # 3. accept / reject, and the round's single host read
-        acceptance = self._accept(logits, proposal, gen.generator)
+        acceptance = self._accept(gen, logits, proposal)
         g = proposal.count
         host: list[list[int]] = torch.cat(
             [proposal.tokens, acceptance.token.unsqueeze(1), acceptance.accepted.unsqueeze(1)],
@@ -470,12 +563,25 @@ class SpeculativeEngine:
         stats.drafted += g * live_rows
         stats.accepted += sum(m + (row[g + 1] > m) for row in host)
         stats.emitted += (m + 1) * live_rows
-        if self.selector is not None and gamma > 0:
-            self.selector.update(arm, m / g if g else 0.0)
+        stats.arm_rounds[arm.label] = stats.arm_rounds.get(arm.label, 0) + 1
+        if (
+            gen.sampling.dynamic_gamma
+            and arm.drafter is not None
+            and gamma == gen.arm_gammas[index]
+        ):
+            # +2 after a full acceptance, -1 otherwise; a round cut short by the room left
+            # says nothing about the draft length.
+            bound = max(gen.sampling.max_gamma, arm.gamma or gen.sampling.gamma)
+            step = 2 if m == gamma else -1
+            gen.arm_gammas[index] = min(bound, max(1, gamma + step))
 
         # 5. stop and stream
         chunks = self._finish_rows(gen, [[*row[:m], row[g]] for row in host])
         end = time.perf_counter()
+        if self.selector is not None and choose:
+            # Tokens per second of this round's wall time: what the choice bought, including
+            # the drafting it cost. Counted before stopping, which is not the arm's doing.
+            self.selector.update(index, (m + 1) * live_rows / max(end - start, 1e-9))
         stats.time_draft += drafted_at - start
         stats.time_verify += verified_at - drafted_at
         stats.time_accept += accepted_at - verified_at
@@ -484,27 +590,25 @@ class SpeculativeEngine:
 
     def _draft_context(self, gen: _Generation, drafter: Drafter) -> DraftContext:
         warper = (
-            self.warper
-            if self.warper.greedy
-            else with_temperature(self.warper, drafter.temperature)
+            gen.warper if gen.warper.greedy else with_temperature(gen.warper, drafter.temperature)
         )
         return DraftContext(
             tokens=gen.tokens,
             padding=gen.padding,
             warper=warper,
             generator=gen.generator,
-            confidence_threshold=self.config.sampling.confidence_threshold,
-            residual=self.config.sampling.residual,
+            confidence_threshold=gen.sampling.confidence_threshold,
+            residual=gen.sampling.residual,
         )
 
-    def _accept(
-        self, logits: torch.Tensor, proposal: Proposal, generator: torch.Generator | None
-    ) -> Acceptance:
-        sampling = self.config.sampling
+    @staticmethod
+    def _accept(gen: _Generation, logits: torch.Tensor, proposal: Proposal) -> Acceptance:
+        sampling = gen.sampling
+        generator = gen.generator
         method = sampling.resolved_method
         if method == "greedy":
             return accept_greedy(logits, proposal.tokens)
-        p = self.warper.probs(logits)
+        p = gen.warper.probs(logits)
         if method == "typical":
             return accept_typical(
                 p, proposal.tokens, generator, sampling.typical_epsilon, sampling.typical_delta
@@ -519,6 +623,8 @@ class SpeculativeEngine:
         keep: list[int] = []
         for position, (index, tokens) in enumerate(zip(gen.live, new_tokens, strict=True)):
             row = gen.rows[index]
+            # Rows have their own max_new_tokens; the round was sized for the one with most room.
+            tokens = tokens[: gen.max_new_tokens[index] - len(row.tokens)]
             for cut, token in enumerate(tokens):
                 if token in gen.eos:
                     tokens = tokens[: cut + 1]
@@ -527,8 +633,8 @@ class SpeculativeEngine:
             before = len(row.tokens)
             row.tokens.extend(tokens)
             if gen.decode is not None and gen.live_text:
-                self._update_text(gen, row, before)
-            if row.finish is None and len(row.tokens) >= gen.max_new_tokens:
+                self._update_text(gen.decode, gen.stops[index], row, before)
+            if row.finish is None and len(row.tokens) >= gen.max_new_tokens[index]:
                 row.finish = "length"
             if row.finish is None and at_limit:
                 row.finish = "context_limit"
@@ -541,19 +647,21 @@ class SpeculativeEngine:
             self._drop_rows(gen, keep)
         return chunks
 
-    def _update_text(self, gen: _Generation, row: _Row, before: int) -> None:
-        assert gen.decode is not None
-        row.text = gen.decode(row.tokens)
-        if not gen.stops:
+    @staticmethod
+    def _update_text(
+        decode: Callable[[list[int]], str], stops: tuple[str, ...], row: _Row, before: int
+    ) -> None:
+        row.text = decode(row.tokens)
+        if not stops:
             return
         # Search the whole new text, so a stop string split across rounds is found.
-        hits = [(found + len(s), s) for s in gen.stops if (found := row.text.find(s)) >= 0]
+        hits = [(found + len(s), s) for s in stops if (found := row.text.find(s)) >= 0]
         if not hits:
             return
         end, _ = min(hits)
         # Keep tokens up to the one that completes the stop string; cut the text right after it.
         for count in range(before + 1, len(row.tokens) + 1):
-            if len(gen.decode(row.tokens[:count])) >= end:
+            if len(decode(row.tokens[:count])) >= end:
                 del row.tokens[count:]
                 break
         row.text = row.text[:end]
@@ -568,6 +676,23 @@ class SpeculativeEngine:
         delta = text[row.streamed :] if len(text) > row.streamed else ""
         row.streamed = max(row.streamed, len(text))
         return delta
+
+    def _cancel_rows(self, gen: _Generation) -> list[StreamChunk]:
+        """Finish the live rows ``TokenStream.cancel`` named; drop them from the batch."""
+        chunks: list[StreamChunk] = []
+        keep: list[int] = []
+        for position, index in enumerate(gen.live):
+            if index in gen.cancelled:
+                row = gen.rows[index]
+                row.finish = "cancelled"
+                if gen.decode is not None and gen.live_text:
+                    row.text = gen.decode(row.tokens)
+                chunks.append(StreamChunk(index, [], self._text_delta(row), row.finish))
+            else:
+                keep.append(position)
+        if chunks:
+            self._drop_rows(gen, keep)
+        return chunks
 
     def _drop_rows(self, gen: _Generation, keep: list[int]) -> None:
         gen.live = [gen.live[i] for i in keep]
@@ -605,34 +730,32 @@ class SpeculativeEngine:
     def _prepare(
         self,
         prompt: Prompt | None,
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         input_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         eos_token_id: int | Sequence[int] | None,
         ignore_eos: bool,
-        stop: str | Sequence[str] | None,
+        stop: Stop,
         seed: int | None,
+        sampling: SamplingConfig | None,
     ) -> _Generation:
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0
-        ):
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if sampling is not None and not isinstance(sampling, SamplingConfig):
+            raise TypeError(
+                f"sampling must be a SamplingConfig or None, got {type(sampling).__name__}"
+            )
         if prompt is not None and input_ids is not None:
             raise ValueError("pass the prompt either positionally or as input_ids=, not both")
         rows = self._tokenize(input_ids if input_ids is not None else prompt, attention_mask)
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        max_new = _per_row_limits(max_new_tokens, len(rows))
+        stops = _per_row_stops(stop, len(rows))
         decode = self._decoder()
-        if stops and decode is None:
+        if any(stops) and decode is None:
             raise ValueError(
                 "stop strings need a tokenizer; pass tokenizer= to TargetModel or use eos_token_id"
             )
         limit = self.target.max_context
         longest = max(len(r) for r in rows)
-        if limit is not None and longest >= limit and max_new_tokens > 0:
+        if limit is not None and longest >= limit and max(max_new) > 0:
             raise ValueError(
                 f"a prompt has {longest} tokens but the target's context limit is {limit}, "
                 "leaving no room to generate; shorten the prompt"
@@ -644,13 +767,26 @@ class SpeculativeEngine:
         )
         pad = self._pad_id()
         device = self.target.device
+        # Rows with nothing to generate never enter the batch.
+        live = [i for i, n in enumerate(max_new) if n > 0]
+        longest = max((len(rows[i]) for i in live), default=longest)
         tokens = torch.tensor(
-            [[pad] * (longest - len(r)) + r for r in rows], dtype=torch.int64, device=device
+            [[pad] * (longest - len(rows[i])) + rows[i] for i in live],
+            dtype=torch.int64,
+            device=device,
+        ).reshape(len(live), longest)
+        left = torch.tensor(
+            [longest - len(rows[i]) for i in live], dtype=torch.int64, device=device
         )
-        left = torch.tensor([longest - len(r) for r in rows], dtype=torch.int64, device=device)
-        seed = seed if seed is not None else self.config.sampling.seed
+        sampling = sampling or self.config.sampling
+        warper = (
+            self.warper
+            if sampling is self.config.sampling
+            else Warper(sampling.temperature, sampling.top_k, sampling.top_p)
+        )
+        seed = seed if seed is not None else sampling.seed
         generator: torch.Generator | None = None
-        if not self.warper.greedy:
+        if not warper.greedy:
             generator = torch.Generator(device=device)
             if seed is not None:
                 generator.manual_seed(seed)
@@ -659,16 +795,19 @@ class SpeculativeEngine:
         return _Generation(
             tokens=tokens,
             padding=Padding(left),
-            live=list(range(len(rows))) if max_new_tokens > 0 else [],
+            live=live,
             rows=[_Row() for _ in rows],
             prompt_length=longest,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=max_new,
             limit=limit,
             eos=eos,
             stops=stops,
             decode=decode,
             live_text=True,
             generator=generator,
+            sampling=sampling,
+            warper=warper,
+            arm_gammas=[sampling.gamma if arm.gamma is None else arm.gamma for arm in self.arms],
         )
 
     def _tokenize(
@@ -775,3 +914,53 @@ class SpeculativeEngine:
 
 def _empty(tokens: torch.Tensor) -> Proposal:
     return Proposal(tokens.new_empty((tokens.shape[0], 0)))
+
+
+def _per_row_limits(max_new_tokens: int | Sequence[int], rows: int) -> list[int]:
+    """``max_new_tokens`` (one number, or one per row) as one limit per row."""
+
+    def valid(n: object) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+    if valid(max_new_tokens):
+        return [cast(int, max_new_tokens)] * rows
+    if isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, (str, bytes)):
+        limits = list(max_new_tokens)
+        if len(limits) != rows or not all(valid(n) for n in limits):
+            raise ValueError(
+                f"max_new_tokens as a list needs one integer >= 0 per prompt row ({rows}), "
+                f"got {max_new_tokens!r}"
+            )
+        return [int(n) for n in limits]
+    raise ValueError(
+        f"max_new_tokens must be an integer >= 0 (or one per row), got {max_new_tokens!r}"
+    )
+
+
+def _per_row_stops(stop: Stop, rows: int) -> list[tuple[str, ...]]:
+    """``stop`` (shared, or one entry per row) as one tuple of stop strings per row."""
+
+    def strings(item: object) -> tuple[str, ...]:
+        if item is None:
+            return ()
+        items = (item,) if isinstance(item, str) else item
+        if not isinstance(items, Sequence) or any(not isinstance(s, str) or not s for s in items):
+            raise ValueError(
+                "stop must be a non-empty string, a list of them, or one such entry (or None) "
+                f"per row, got {stop!r}"
+            )
+        return tuple(cast(Sequence[str], items))
+
+    if stop is None or isinstance(stop, str):
+        return [strings(stop)] * rows
+    entries = list(stop) if isinstance(stop, Sequence) else None
+    if entries is None:
+        return [strings(stop)] * rows  # raises: not a sequence
+    if all(isinstance(entry, str) for entry in entries):
+        return [strings(entries)] * rows
+    if len(entries) != rows:
+        raise ValueError(
+            f"stop given per row needs {rows} entries (None, a string or a list of strings), "
+            f"got {len(entries)}"
+        )
+    return [strings(entry) for entry in entries]

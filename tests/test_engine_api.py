@@ -332,3 +332,87 @@ def test_prompt_lookup_drafts_gamma_tokens_of_repetitive_text() -> None:
     short = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 9, 1, 2]])
     ctx = DraftContext(short, Padding(torch.zeros(1, dtype=torch.int64)), Warper(0.0), None)
     assert PromptLookupDrafter().propose(ctx, 10).tokens.tolist() == [[3, 4, 1, 2, 3, 9, 1, 2]]
+
+
+# -- per-row limits and stops, cancellation, per-call sampling (what a server needs) ------------
+
+
+def test_max_new_tokens_per_row() -> None:
+    prompts = [PROMPT, "x = 1", "abc"]
+    eng = engine(gamma=4)
+    result = eng.generate(prompts, max_new_tokens=[3, 11, 0], ignore_eos=True)
+    assert [len(t) for t in result.tokens] == [3, 11, 0]
+    assert result.finish_reasons == ["length", "length", "length"]
+    for prompt, tokens in zip(prompts[:2], result.tokens, strict=False):
+        assert tokens == greedy_reference(tokenizer()(prompt)["input_ids"], len(tokens))
+    with pytest.raises(ValueError, match="one integer >= 0 per prompt row"):
+        eng.generate(prompts, max_new_tokens=[3, 4])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        eng.generate(prompts, max_new_tokens=[3, -1, 2])
+
+
+def test_stop_strings_per_row() -> None:
+    eng = engine(gamma=3)
+    full = eng.generate([PROMPT, PROMPT], max_new_tokens=24, ignore_eos=True).texts
+    assert full is not None and len(full[0]) > 6
+    stop = full[0][4:6]
+    result = eng.generate([PROMPT, PROMPT], max_new_tokens=24, ignore_eos=True, stop=[[stop], None])
+    assert result.texts is not None
+    assert result.finish_reasons == ["stop", "length"]
+    assert result.texts[0] == full[0][: full[0].index(stop) + len(stop)]
+    assert result.texts[1] == full[1]
+    with pytest.raises(ValueError, match="per row needs 2 entries"):
+        eng.generate([PROMPT, PROMPT], stop=[["a"], None, ["b"]])
+    with pytest.raises(ValueError, match="non-empty string"):
+        eng.generate([PROMPT, PROMPT], stop=[[""], None])
+
+
+def test_cancel_drops_a_row_and_the_others_continue() -> None:
+    prompts = [PROMPT, "x = 1", "abc"]
+    eng = engine(gamma=2)
+    stream = eng.stream(prompts, max_new_tokens=20, ignore_eos=True)
+    finished: dict[int, str] = {}
+    rounds = 0
+    for chunk in stream:
+        if chunk.finish_reason is not None:
+            finished[chunk.row] = chunk.finish_reason
+        if chunk.row == 2 and rounds == 0:
+            stream.cancel(1)
+            stream.cancel(1)  # twice is harmless
+            rounds += 1
+    assert stream.result is not None
+    assert finished == {0: "length", 1: "cancelled", 2: "length"}
+    assert stream.result.finish_reasons == ["length", "cancelled", "length"]
+    lengths = [len(t) for t in stream.result.tokens]
+    assert lengths[0] == lengths[2] == 20 and 0 < lengths[1] < 20
+    for prompt, tokens in zip(prompts, stream.result.tokens, strict=True):
+        assert tokens == greedy_reference(tokenizer()(prompt)["input_ids"], 20)[: len(tokens)]
+    with pytest.raises(TypeError, match="row must be an int"):
+        stream.cancel("1")  # type: ignore[arg-type]
+
+
+def test_cancel_every_row_ends_the_stream() -> None:
+    stream = engine().stream([PROMPT, "abc"], max_new_tokens=50, ignore_eos=True)
+    reasons = []
+    for chunk in stream:
+        stream.cancel(0)
+        stream.cancel(1)
+        if chunk.finish_reason:
+            reasons.append(chunk.finish_reason)
+    assert reasons == ["cancelled", "cancelled"]
+    assert stream.result is not None and all(len(t) < 50 for t in stream.result.tokens)
+
+
+def test_sampling_override_per_call() -> None:
+    eng = engine(gamma=3)  # greedy config
+    hot = SamplingConfig(gamma=2, temperature=1.0)
+    a = eng.generate(PROMPT, max_new_tokens=16, sampling=hot, seed=3, ignore_eos=True)
+    b = eng.generate(PROMPT, max_new_tokens=16, sampling=hot, seed=3, ignore_eos=True)
+    greedy = eng.generate(PROMPT, max_new_tokens=16, ignore_eos=True)
+    ref = greedy_reference(tokenizer()(PROMPT)["input_ids"], 16)
+    assert a.tokens == b.tokens  # seeded sampling: reproducible
+    assert greedy.tokens[0] == ref  # the engine's own config is untouched
+    assert a.tokens[0] != ref  # sampled at temperature 1 from a random model: not the argmax
+    assert a.stats.drafted <= 2 * a.stats.rounds  # the call's gamma, not the engine's
+    with pytest.raises(TypeError, match="sampling must be a SamplingConfig"):
+        eng.generate(PROMPT, sampling={"temperature": 1.0})  # type: ignore[arg-type]

@@ -1,0 +1,198 @@
+"""Adaptive drafting: the selector picks (drafter, gamma) or plain decoding each round.
+
+Selection only ever looks at past rounds, so it cannot change what is generated: greedy output
+still equals the target's own greedy ``generate`` and sampled tokens still follow the target
+(chi-squared), whichever arms are chosen. The rewards are wall-clock tokens/s, so which arms win
+depends on the machine; the tests below only rely on gaps of an order of magnitude.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from test_engine_distribution import chi_squared, exact, sample_two
+from test_engine_distribution import models as dist_models
+from test_engine_greedy import MAX_NEW, PROMPTS, check_equal, models, tokenizer
+
+from flashspec import (
+    BanditConfig,
+    FlashSpecConfig,
+    ModelDrafter,
+    PromptLookupDrafter,
+    SamplingConfig,
+    SpeculativeEngine,
+    TargetModel,
+)
+from flashspec.drafters import DraftContext, Drafter, Proposal
+
+
+def adaptive_engine(
+    kind: str, selector: str, *, plain: bool = True, gammas: tuple[int, ...] = (1, 3, 8)
+) -> SpeculativeEngine:
+    target, draft = models(kind)
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=4),
+        bandit=BanditConfig(selector=selector, gammas=gammas, plain=plain, seed=0),  # type: ignore[arg-type]
+    )
+    drafters: list[Drafter] = [ModelDrafter(draft, name="draft"), PromptLookupDrafter()]
+    return SpeculativeEngine(
+        config, drafters, TargetModel("tiny", model=target, tokenizer=tokenizer())
+    )
+
+
+def test_arms_are_drafters_times_gammas_plus_plain() -> None:
+    engine = adaptive_engine("plain", "ucb1")
+    labels = [arm.label for arm in engine.arms]
+    assert labels == [
+        "draft/1", "draft/3", "draft/8",
+        "prompt_lookup/1", "prompt_lookup/3", "prompt_lookup/8",
+        "plain",
+    ]  # fmt: skip
+    assert engine.selector is not None and engine.selector.n_arms == 7
+    # One drafter, one gamma, no plain arm: nothing to choose, no selector.
+    target, draft = models("plain")
+    single = SpeculativeEngine(FlashSpecConfig(), [ModelDrafter(draft)], TargetModel(model=target))
+    assert single.selector is None and len(single.arms) == 1
+
+
+@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
+@pytest.mark.parametrize(("kind", "batch"), [("plain", 1), ("loopy", 1), ("loopy", 4)])
+def test_greedy_with_selection_equals_target_generate(kind: str, batch: int, selector: str) -> None:
+    engine = adaptive_engine(kind, selector)
+    ties = 0
+    arms: Counter[str] = Counter()
+    for start in range(0, len(PROMPTS), batch):
+        group = PROMPTS[start : start + batch]
+        result = engine.generate(group if batch > 1 else group[0], max_new_tokens=MAX_NEW)
+        arms.update(result.stats.arm_rounds)
+        for prompt, tokens in zip(group, result.tokens, strict=True):
+            ties += check_equal(kind, prompt, tokens)
+    assert ties <= 2
+    # Every arm was tried (unpulled arms first / uniform prior), so the test saw them all.
+    assert len(arms) == len(engine.arms), arms
+
+
+@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
+def test_sampling_with_selection_follows_target(selector: str) -> None:
+    target, draft = dist_models()
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=3, temperature=0.7, top_p=0.9),
+        bandit=BanditConfig(selector=selector, gammas=(1, 3), plain=True, seed=1),  # type: ignore[arg-type]
+    )
+    engine = SpeculativeEngine(
+        config, [ModelDrafter(draft), PromptLookupDrafter()], TargetModel(model=target)
+    )
+    first, second = sample_two(engine, 1500, 50, seed=11)
+    p_first, p_second = exact(0.7, 0.9)
+    for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
+        stat, critical = chi_squared(counts, p)
+        assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"
+    assert engine.selector is not None
+    assert sum(n > 0 for n in engine.selector.counts) >= 3, engine.selector.counts
+
+
+class SlowWrongDrafter(Drafter):
+    """Proposes tokens the target never picks, slowly: speculation that cannot pay."""
+
+    name = "slow"
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        time.sleep(0.02)
+        wrong = (ctx.tokens[:, -1:] + 1) % 7 + 50  # ids far from anything a random model argmaxes
+        return Proposal(wrong.repeat(1, gamma))
+
+
+def test_falls_back_to_plain_decoding_when_drafting_does_not_pay() -> None:
+    target, _ = models("plain")
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4), bandit=BanditConfig(plain=True))
+    engine = SpeculativeEngine(
+        config, [SlowWrongDrafter()], TargetModel(model=target, tokenizer=tokenizer())
+    )
+    result = engine.generate(PROMPTS[0], max_new_tokens=80, ignore_eos=True)
+    arms = result.stats.arm_rounds
+    # A slow round earns ~40 tok/s, a plain one ~10x more: UCB1 gives the slow arm O(log t).
+    assert arms["plain"] >= 3 * arms["slow/gamma"], arms
+    check_equal("plain", PROMPTS[0], result.tokens[0][:MAX_NEW])
+
+
+class OracleDrafter(Drafter):
+    """Drafts the target's own greedy continuation (read from a reference): always accepted."""
+
+    name = "oracle"
+
+    def __init__(self, continuation: list[int], prompt_length: int) -> None:
+        self.continuation = continuation
+        self.prompt_length = prompt_length
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        done = ctx.tokens.shape[1] - self.prompt_length
+        drafts = self.continuation[done : done + gamma]
+        return Proposal(torch.tensor([drafts], dtype=torch.int64))
+
+
+def oracle_engine(dynamic: bool, *, gamma: int = 2, max_gamma: int = 8) -> tuple[Any, int]:
+    target, _ = models("plain")
+    prompt = tokenizer()(PROMPTS[0])["input_ids"]
+    with torch.inference_mode():
+        out = target.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=60, pad_token_id=0,
+            eos_token_id=None,
+        )  # fmt: skip
+    continuation = out[0, len(prompt) :].tolist()
+    sampling = SamplingConfig(gamma=gamma, dynamic_gamma=dynamic, max_gamma=max_gamma)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=sampling),
+        [OracleDrafter(continuation, len(prompt))],
+        TargetModel(model=target, tokenizer=tokenizer()),
+    )
+    return engine, continuation
+
+
+def test_dynamic_gamma_grows_after_full_acceptance() -> None:
+    engine, continuation = oracle_engine(dynamic=True)
+    result = engine.generate(PROMPTS[0], max_new_tokens=42, ignore_eos=True)
+    assert result.tokens[0] == continuation[:42]
+    # gamma 2, 4, 6, 8, 8, ... -> rounds of 3, 5, 7, 9, 9, 9 tokens = 42 in 6 rounds.
+    assert result.stats.rounds == 6, result.stats
+    fixed, _ = oracle_engine(dynamic=False)
+    assert fixed.generate(PROMPTS[0], max_new_tokens=42, ignore_eos=True).stats.rounds == 14
+
+
+def test_dynamic_gamma_shrinks_after_rejections() -> None:
+    target, _ = models("plain")
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=6, dynamic_gamma=True)),
+        [SlowWrongDrafter()],
+        TargetModel(model=target, tokenizer=tokenizer()),
+    )
+    result = engine.generate(PROMPTS[0], max_new_tokens=12, ignore_eos=True)
+    # Every draft is rejected: 6, 5, 4, 3, 2, 1, 1, ... drafts per round.
+    assert result.stats.rounds == 12
+    assert result.stats.drafted == 6 + 5 + 4 + 3 + 2 + 1 * 6
+
+
+def test_bad_bandit_config() -> None:
+    with pytest.raises(ValueError, match=r"BanditConfig\.selector"):
+        BanditConfig(selector="eps-greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"BanditConfig\.gammas"):
+        BanditConfig(gammas=(0, 2))
+    with pytest.raises(ValueError, match=r"BanditConfig\.gammas is empty"):
+        BanditConfig(gammas=())
+    with pytest.raises(ValueError, match=r"BanditConfig\.plain"):
+        BanditConfig(plain=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_gamma"):
+        SamplingConfig(max_gamma=0)
+    target, draft = models("plain")
+    from flashspec import UCB1Selector
+
+    with pytest.raises(ValueError, match="selector has 2 arms but the engine has 3"):
+        SpeculativeEngine(
+            FlashSpecConfig(bandit=BanditConfig(gammas=(2, 4), plain=True)),
+            [ModelDrafter(draft)],
+            TargetModel(model=target),
+            UCB1Selector(n_arms=2),
+        )
