@@ -1,4 +1,4 @@
-"""Benchmarks: ``flashspec bench engine | kernel | profile | regret``.
+"""Benchmarks: ``flashspec bench engine | kernel | profile | regret | adaptive``.
 
 - ``engine``: flashspec against plain HF ``generate``, HF assisted generation (same draft) and
   HF prompt lookup, per prompt, methods interleaved in one process; tokens/s, speedups, greedy
@@ -9,6 +9,8 @@
   with the PyTorch one (``profile.json``).
 - ``regret``: the drafter selectors' synthetic regret on Bernoulli arms (``regret.json``,
   ``regret.png``; ``flashspec._bench_regret``).
+- ``adaptive``: online (drafter, gamma) selection against every fixed arm on HumanEval, a
+  prompt-copying workload and a mix of both (``adaptive.json``; ``flashspec._bench_adaptive``).
 
 Results go to ``--out-dir`` (default ``benchmarks/results``); ``benchmarks/render_readme.py``
 turns them into the README tables. Wiring into a parent parser::
@@ -349,6 +351,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common(regret)
     regret_arguments(regret)
 
+    from ._bench_adaptive import add_arguments as adaptive_arguments
+
+    adaptive = which.add_parser(
+        "adaptive", help="online drafter/gamma selection vs every fixed arm, on real workloads"
+    )
+    common(adaptive)
+    adaptive_arguments(adaptive)
+
     every = which.add_parser(
         "all", help="kernel, engine and profile in turn (kernel.json, engine.json, profile.json)"
     )
@@ -373,6 +383,10 @@ def main(args: argparse.Namespace) -> int:
         from . import _bench_regret
 
         return _bench_regret.main(args)
+    if args.bench == "adaptive":
+        from . import _bench_adaptive
+
+        return _bench_adaptive.main(args)
     from . import _bench_engine
 
     if args.bench == "engine":

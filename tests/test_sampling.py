@@ -41,7 +41,10 @@ def chi2(samples: list[int], probs: torch.Tensor) -> float:
     ("temperature", "top_k", "top_p"),
     [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (1.0, 0, 0.3), (2.0, 3, 0.95)],
 )
-def test_warper_matches_hf_warpers(temperature: float, top_k: int, top_p: float) -> None:
+@pytest.mark.parametrize("shape", [(6, 50), (2, 3, 8192)])
+def test_warper_matches_hf_warpers(
+    temperature: float, top_k: int, top_p: float, shape: tuple[int, ...]
+) -> None:
     from transformers.generation.logits_process import (
         LogitsProcessorList,
         TemperatureLogitsWarper,
@@ -54,9 +57,10 @@ def test_warper_matches_hf_warpers(temperature: float, top_k: int, top_p: float)
         hf.append(TopKLogitsWarper(top_k))
     if top_p < 1.0:
         hf.append(TopPLogitsWarper(top_p))
-    logits = torch.randn((6, 50), generator=torch.Generator().manual_seed(0)) * 3
-    input_ids: Any = torch.zeros((6, 1), dtype=torch.long)
-    expected = hf(input_ids, logits.clone()).softmax(-1)
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3
+    flat = logits.reshape(-1, shape[-1])
+    input_ids: Any = torch.zeros((flat.shape[0], 1), dtype=torch.long)
+    expected = hf(input_ids, flat.clone()).softmax(-1).reshape(shape)
     got = Warper(temperature, top_k, top_p).probs(logits)
     assert torch.equal(got > 0, expected > 0)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)

@@ -1,0 +1,372 @@
+"""``flashspec bench adaptive``: online arm selection against every fixed arm, on real workloads.
+
+Workloads (demo pair): ``humaneval`` (HumanEval prompts), ``copy`` (a held-out stdlib function
+followed by its own header under a new name: the continuation largely copies the prompt) and
+``mixed`` (both, shuffled into one stream). Each runs greedy and sampled (temperature 0.8,
+top-p 0.95).
+
+Fixed configurations: every (drafter, gamma) arm, plain decoding, each drafter with dynamic gamma
+and each model drafter with the confidence stop. Adaptive: every drafter with dynamic gamma plus
+plain decoding, chosen per round by UCB1 or Thompson sampling; each adaptive engine carries its
+selector through its workload's prompts in order, as a server would.
+
+One pass over the mixed stream runs, for each prompt, every fixed configuration (they keep no
+state between prompts, so their per-workload numbers are sums over the prompts of that
+workload), the adaptive engines of the mixed stream, and the adaptive engines of the prompt's
+own workload: everything is interleaved, so drift of the machine's speed hits every
+configuration alike. Tokens/s = new tokens / seconds inside the engine's rounds, summed over a
+workload's prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _argtypes, bench
+from ._bench_engine import _quiet_timing, _setup, encode
+from .bandit import Selector
+from .config import BanditConfig, FlashSpecConfig, SamplingConfig
+from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .engine import SpeculativeEngine
+from .models import DEMO_DRAFT3_NAME, TargetModel, load_pretrained
+
+REGIMES: dict[str, SamplingConfig] = {
+    "greedy": SamplingConfig(gamma=4),
+    "sample": SamplingConfig(gamma=4, temperature=0.8, top_p=0.95),
+}
+WORKLOADS = ("humaneval", "copy", "mixed")
+FIXED_GAMMAS = (2, 4, 8)
+CONFIDENCE = 0.4  # HF's default threshold
+SELECTORS = ("ucb1", "thompson")
+
+
+# ---------------------------------------------------------------------------- the workloads
+
+
+def copy_prompts(limit: int, min_lines: int = 6, max_chars: int = 700) -> list[bench.Prompt]:
+    """A "rewrite this function under another name" workload from held-out stdlib files.
+
+    Each prompt is one top-level function of a file the demo pair never trained on, two blank
+    lines, and the same ``def`` line with ``_copy`` appended to the name: a model that has
+    learned to copy continues with the body it has just seen.
+    """
+    prompts: list[bench.Prompt] = []
+    for path in bench.held_out_stdlib_files():
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        lines = source.splitlines()
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.end_lineno is None:
+                continue
+            body = lines[node.lineno - 1 : node.end_lineno]
+            text = "\n".join(body)
+            if len(body) < min_lines or len(text) > max_chars or node.decorator_list:
+                continue
+            header = body[0].replace(f"def {node.name}(", f"def {node.name}_copy(", 1)
+            name = f"copy/{path.stem}.{node.name}"
+            prompts.append(bench.Prompt(name, "copy", f"{text}\n\n\n{header}\n"))
+            break
+        if len(prompts) >= limit:
+            break
+    return prompts
+
+
+def mixed_stream(
+    humaneval: list[bench.Prompt], copy: list[bench.Prompt], seed: int
+) -> list[bench.Prompt]:
+    """Both workloads in one seeded random order (each keeps its own relative order)."""
+    kinds = ["humaneval"] * len(humaneval) + ["copy"] * len(copy)
+    random.Random(seed).shuffle(kinds)
+    queues = {"humaneval": iter(humaneval), "copy": iter(copy)}
+    return [next(queues[kind]) for kind in kinds]
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+class FixedArm(Selector):
+    """Always the same arm: turns an engine with many arms into a fixed configuration."""
+
+    def __init__(self, n_arms: int, arm: int) -> None:
+        super().__init__(n_arms)
+        self.arm = arm
+
+    def select(self) -> int:
+        return self.arm
+
+
+@dataclass
+class Config:
+    """One measured configuration and its running totals per workload."""
+
+    name: str
+    kind: str  # "fixed", "plain" or "adaptive"
+    engine: SpeculativeEngine
+    tokens: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=dict)
+    arm_rounds: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def run(self, workload: str, ids: list[int], max_new: int, seed: int) -> None:
+        with _quiet_timing():
+            result = self.engine.generate(ids, max_new_tokens=max_new, ignore_eos=True, seed=seed)
+        self.tokens[workload] += result.stats.new_tokens
+        self.seconds[workload] = self.seconds.get(workload, 0.0) + result.stats.time_total
+        self.arm_rounds.setdefault(workload, Counter()).update(result.stats.arm_rounds)
+
+    def tokens_per_second(self, workloads: tuple[str, ...]) -> float:
+        seconds = sum(self.seconds.get(w, 0.0) for w in workloads)
+        return sum(self.tokens[w] for w in workloads) / seconds if seconds else 0.0
+
+
+def build_configs(
+    target: TargetModel, drafters: list[Drafter], sampling: SamplingConfig, window: int | None
+) -> tuple[list[Config], dict[str, list[Config]]]:
+    """Fixed configurations, and the adaptive ones per workload (a selector state each)."""
+    fixed_config = FlashSpecConfig(
+        sampling=sampling, bandit=BanditConfig(gammas=FIXED_GAMMAS, plain=True)
+    )
+    every_arm = SpeculativeEngine(fixed_config, drafters, target)
+    fixed: list[Config] = []
+    for index, arm in enumerate(every_arm.arms):
+        engine = SpeculativeEngine(
+            fixed_config, drafters, target, FixedArm(len(every_arm.arms), index)
+        )
+        fixed.append(Config(arm.label, "plain" if arm.drafter is None else "fixed", engine))
+    for drafter in drafters:
+        dynamic = FlashSpecConfig(sampling=_replace(sampling, dynamic_gamma=True))
+        fixed.append(
+            Config(f"{drafter.name}/dynamic", "fixed", SpeculativeEngine(dynamic, drafter, target))
+        )
+        if isinstance(drafter, ModelDrafter):
+            unsure = FlashSpecConfig(sampling=_replace(sampling, confidence_threshold=CONFIDENCE))
+            fixed.append(
+                Config(
+                    f"{drafter.name}/4+confidence{CONFIDENCE}",
+                    "fixed",
+                    SpeculativeEngine(unsure, drafter, target),
+                )
+            )
+    adaptive: dict[str, list[Config]] = {}
+    for workload in WORKLOADS:
+        for kind in SELECTORS:
+            config = FlashSpecConfig(
+                sampling=_replace(sampling, dynamic_gamma=True),
+                bandit=BanditConfig(selector=kind, plain=True, window_size=window, seed=0),  # type: ignore[arg-type]
+            )
+            adaptive.setdefault(workload, []).append(
+                Config(f"adaptive-{kind}", "adaptive", SpeculativeEngine(config, drafters, target))
+            )
+    return fixed, adaptive
+
+
+def _replace(sampling: SamplingConfig, **changes: Any) -> SamplingConfig:
+    return dataclasses.replace(sampling, **changes)
+
+
+# ------------------------------------------------------------------------------------- run
+
+
+def run_regime(
+    regime: str,
+    target: TargetModel,
+    drafters: list[Drafter],
+    stream: list[tuple[bench.Prompt, list[int]]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Every configuration over the mixed stream, interleaved per prompt."""
+    fixed, adaptive = build_configs(target, drafters, REGIMES[regime], args.window)
+    # Warm-up: first calls pay for allocator growth and lazy initialisation.
+    for config in [*fixed, *(c for cs in adaptive.values() for c in cs)]:
+        config.engine.generate(stream[0][1], max_new_tokens=8, ignore_eos=True, seed=0)
+        if config.engine.selector is not None and config.kind == "adaptive":
+            config.engine.selector.reset()
+    for position, (prompt, ids) in enumerate(
+        bench.progress(stream, desc=f"adaptive [{regime}]", disable=args.no_progress)
+    ):
+        seed = 1000 + position
+        for config in fixed:
+            config.run(prompt.source, ids, args.max_new_tokens, seed)
+        for config in adaptive[prompt.source]:
+            config.run(prompt.source, ids, args.max_new_tokens, seed)
+        for config in adaptive["mixed"]:
+            config.run("mixed", ids, args.max_new_tokens, seed)
+    return summarise(fixed, adaptive)
+
+
+def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[str, Any]:
+    """Tokens/s per workload and configuration, the best fixed one, and the issue's checks."""
+    result: dict[str, Any] = {}
+    for workload in WORKLOADS:
+        parts = ("humaneval", "copy") if workload == "mixed" else (workload,)
+        rows = {c.name: round(c.tokens_per_second(parts), 2) for c in fixed}
+        plain = next(c for c in fixed if c.kind == "plain").tokens_per_second(parts)
+        best_name = max(rows, key=rows.__getitem__)
+        best = rows[best_name]
+        entry: dict[str, Any] = {
+            "fixed": rows,
+            "best_fixed": {"name": best_name, "tokens_per_second": best},
+            "plain_tokens_per_second": round(plain, 2),
+            "adaptive": {},
+        }
+        for config in adaptive[workload]:
+            tps = config.tokens_per_second((workload,))
+            entry["adaptive"][config.name] = {
+                "tokens_per_second": round(tps, 2),
+                "vs_best_fixed": round(tps / best, 4) if best else None,
+                "vs_plain": round(tps / plain, 4) if plain else None,
+                "beats_every_fixed": tps > best,
+                "arm_rounds": dict(config.arm_rounds.get(workload, Counter()).most_common()),
+            }
+        result[workload] = entry
+    return result
+
+
+def check_targets(regimes: dict[str, Any]) -> dict[str, Any]:
+    """Issue #6: >= 95% of the best fixed arm on each workload, above every fixed arm on the
+    mixed stream, and never more than 5% slower than plain decoding."""
+    checks: dict[str, Any] = {}
+    for regime, workloads in regimes.items():
+        for selector in (f"adaptive-{s}" for s in SELECTORS):
+            runs = {w: workloads[w]["adaptive"][selector] for w in WORKLOADS}
+            checks[f"{regime}/{selector}"] = {
+                "at_least_95pct_of_best_fixed": all(
+                    r["vs_best_fixed"] is not None and r["vs_best_fixed"] >= 0.95
+                    for r in runs.values()
+                ),
+                "beats_every_fixed_on_mixed": bool(runs["mixed"]["beats_every_fixed"]),
+                "within_5pct_of_plain_or_faster": all(
+                    r["vs_plain"] is not None and r["vs_plain"] >= 0.95 for r in runs.values()
+                ),
+            }
+    return checks
+
+
+def load_drafters_for(args: argparse.Namespace) -> list[Drafter]:
+    drafters: list[Drafter] = []
+    for name in args.drafters.split(","):
+        name = name.strip()
+        if name in ("prompt_lookup", "prompt-lookup"):
+            drafters.append(PromptLookupDrafter())
+            continue
+        model, _ = load_pretrained(name)
+        model.eval()
+        drafters.append(ModelDrafter(model, name=name))
+    return drafters
+
+
+def main(args: argparse.Namespace) -> int:
+    """``flashspec bench adaptive``."""
+    if args.quick:
+        args.prompts = min(args.prompts, 2)
+        args.max_new_tokens = min(args.max_new_tokens, 32)
+        args.regimes = "greedy"
+    machine = bench.machine_info()
+    args.draft = "none"
+    pair = _setup(args)
+    target = TargetModel(model=pair.target, tokenizer=pair.tokenizer)
+    drafters = load_drafters_for(args)
+    humaneval = bench.humaneval_prompts(args.prompts)
+    copy = copy_prompts(args.prompts)
+    if len(copy) < args.prompts:
+        print(f"only {len(copy)} copy prompts found", file=sys.stderr)
+    stream = [
+        (p, encode(pair, p.text, args.max_prompt_tokens))
+        for p in mixed_stream(humaneval, copy, seed=0)
+    ]
+    started = time.perf_counter()
+    regimes: dict[str, Any] = {}
+    for regime in args.regimes.split(","):
+        if regime not in REGIMES:
+            raise SystemExit(f"unknown regime {regime!r}; choose from {', '.join(REGIMES)}")
+        regimes[regime] = run_regime(regime, target, drafters, stream, args)
+        report(regime, regimes[regime])
+    targets = check_targets(regimes)
+    data: dict[str, Any] = {
+        "machine": machine,
+        "kind": "adaptive",
+        "settings": {
+            "target": pair.target_name,
+            "drafters": [d.name for d in drafters],
+            "fixed_gammas": list(FIXED_GAMMAS),
+            "regimes": {
+                name: {"temperature": s.temperature, "top_p": s.top_p, "gamma": s.gamma}
+                for name, s in REGIMES.items()
+                if name in regimes
+            },
+            "prompts_per_workload": {"humaneval": len(humaneval), "copy": len(copy)},
+            "max_new_tokens": args.max_new_tokens,
+            "max_prompt_tokens": args.max_prompt_tokens,
+            "window_size": args.window,
+            "adaptive_arms": "each drafter with dynamic gamma (from 4) + plain decoding",
+            "threads": torch.get_num_threads(),
+            "quick": bool(args.quick),
+            "command": " ".join(sys.argv),
+        },
+        "stream": [p.id for p, _ in stream],
+        "regimes": regimes,
+        "targets": targets,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
+    print("\ntargets:")
+    for key, value in targets.items():
+        print(f"  {key}: {value}")
+    bench.write_json(data, Path(args.out_dir) / f"{args.name}.json")
+    return 0
+
+
+def report(regime: str, workloads: dict[str, Any]) -> None:
+    for workload, entry in workloads.items():
+        print(f"\n[{regime} / {workload}] tokens/s")
+        ranked = sorted(entry["fixed"].items(), key=lambda kv: -kv[1])
+        for name, tps in ranked:
+            print(f"  {name:<32} {tps:8.1f}")
+        for name, run in entry["adaptive"].items():
+            print(
+                f"  {name:<32} {run['tokens_per_second']:8.1f}  "
+                f"{run['vs_best_fixed']:.3f}x best fixed, {run['vs_plain']:.3f}x plain"
+            )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashspec bench adaptive``."""
+    parser.add_argument("--target", default="demo", help="target (default: the demo target)")
+    parser.add_argument(
+        "--drafters",
+        default=f"demo-draft,{DEMO_DRAFT3_NAME},prompt_lookup",
+        help="comma-separated drafters: paths, demo-draft, demo-draft3, prompt_lookup",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=_argtypes.positive_int,
+        default=10,
+        help="prompts per workload (HumanEval, copy); the mixed stream has both",
+    )
+    parser.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
+    parser.add_argument("--max-prompt-tokens", type=_argtypes.positive_int, default=192)
+    parser.add_argument(
+        "--window",
+        type=_argtypes.positive_int,
+        default=None,
+        help="selectors' sliding window in rounds (default: none)",
+    )
+    parser.add_argument(
+        "--regimes", default="greedy,sample", help="comma-separated: greedy, sample"
+    )
+    parser.add_argument(
+        "--threads", type=_argtypes.positive_int, default=None, help="torch threads"
+    )
+    parser.add_argument("--name", default="adaptive", help="result file stem (default adaptive)")
