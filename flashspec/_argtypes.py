@@ -58,3 +58,11 @@ def top_p(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1] (1 = off), got {text!r}")
     return value
+
+
+def probability(text: str) -> float:
+    """A probability in [0, 1]."""
+    value = finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
+    return value

@@ -74,6 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)")
     gen.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="choose the drafter and draft length each round, online, among every drafter "
+        "(the draft model(s) and prompt lookup) and plain decoding; implies --dynamic-gamma",
+    )
+    gen.add_argument(
+        "--selector",
+        choices=("ucb1", "thompson"),
+        default="ucb1",
+        help="how --adaptive chooses: ucb1 (default) or thompson",
+    )
+    gen.add_argument(
+        "--dynamic-gamma",
+        action="store_true",
+        help="adapt the draft length: +2 after a fully accepted round, -1 otherwise",
+    )
+    gen.add_argument(
+        "--confidence",
+        type=_argtypes.probability,
+        default=None,
+        help="a draft model stops drafting once its top probability falls below this (e.g. 0.4)",
+    )
+    gen.add_argument(
         "--temperature", type=_argtypes.temperature, default=0.0, help="0 = greedy (default)"
     )
     gen.add_argument("--top-p", type=_argtypes.top_p, default=1.0, help="nucleus mass, 1 = off")
@@ -111,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="versions, kernel backend, CPU features, demo pair")
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
+
+    # `flashspec serve`: the OpenAI-compatible HTTP server (flashspec.server, [serve] extra).
+    from ._serve_cli import add_parser as add_serve_parser
+
+    add_serve_parser(commands)
     return parser
 
 
@@ -154,9 +182,9 @@ def check_model_name(name: str, flag: str) -> None:
     Raises:
         UserError: the path is missing or holds no config.json.
     """
-    from .models import DEMO_DRAFT_NAME, DEMO_NAME, resolve_model_path
+    from .models import DEMO_NAMES, resolve_model_path
 
-    if name in (DEMO_NAME, DEMO_DRAFT_NAME):
+    if name in DEMO_NAMES:
         try:
             resolve_model_path(name)
         except FileNotFoundError as exc:
@@ -214,10 +242,10 @@ def build_engine(args: argparse.Namespace) -> Any:
         UserError: bad flag combinations or values, missing or unloadable models, vocabulary
             mismatch.
     """
-    from .config import FlashSpecConfig, SamplingConfig
+    from .config import BanditConfig, FlashSpecConfig, SamplingConfig
     from .drafters import PromptLookupDrafter, load_drafters
     from .engine import SpeculativeEngine
-    from .models import DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
+    from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
 
     if args.drafter == "prompt-lookup" and args.draft is not None:
         raise UserError("--drafter prompt-lookup needs no draft model; drop --draft or --drafter")
@@ -230,7 +258,10 @@ def build_engine(args: argparse.Namespace) -> Any:
                 top_p=args.top_p,
                 method=args.variant,
                 seed=args.seed,
+                dynamic_gamma=args.dynamic_gamma or args.adaptive,
+                confidence_threshold=args.confidence,
             ),
+            bandit=BanditConfig(selector=args.selector, plain=args.adaptive),
             device=args.device,
             dtype=args.dtype,
         )
@@ -248,13 +279,20 @@ def build_engine(args: argparse.Namespace) -> Any:
     if draft is not None:
         check_model_name(draft, "--draft")
 
+    names = [] if draft is None else [draft]
+    if args.adaptive and args.draft is None and args.target == DEMO_NAME:
+        names = [DEMO_DRAFT_NAME, DEMO_DRAFT3_NAME]  # both demo drafters: real arms to choose
+        for name in names[1:]:
+            check_model_name(name, "--adaptive")
+
     with _load_errors(args.target, "--target"):
         target = TargetModel(args.target, config.device, config.dtype)
-    if draft is None:
-        drafters: list[Any] = [PromptLookupDrafter()]
-    else:
-        with _load_errors(draft, "--draft"):
-            drafters = list(load_drafters([draft], device=config.device, dtype=config.dtype))
+    drafters: list[Any] = []
+    for name in names:
+        with _load_errors(name, "--draft"):
+            drafters += load_drafters([name], device=config.device, dtype=config.dtype)
+    if not drafters or args.adaptive:
+        drafters.append(PromptLookupDrafter())
     try:
         return SpeculativeEngine(config, drafters, target)
     except ValueError as exc:
@@ -307,11 +345,15 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def _stats_line(stats: Any, label: str = "speculative") -> str:
-    return (
+    line = (
         f"[{label}] {stats.new_tokens} tokens in {stats.time_total:.2f}s: "
         f"{stats.tokens_per_second:.1f} tokens/s, acceptance {stats.acceptance_rate:.1%}, "
         f"{stats.mean_tokens_per_round:.2f} tokens/round"
     )
+    if len(stats.arm_rounds) > 1:
+        ranked = sorted(stats.arm_rounds.items(), key=lambda kv: -kv[1])
+        line += "; rounds per arm: " + ", ".join(f"{arm} {n}" for arm, n in ranked)
+    return line
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -507,8 +549,10 @@ def info() -> dict[str, Any]:
         "path": str(DEMO_DIR),
         "target": str(DEMO_DIR / "target"),
         "draft": str(DEMO_DIR / "draft"),
-        "present": (DEMO_DIR / "target" / "config.json").is_file()
-        and (DEMO_DIR / "draft" / "config.json").is_file(),
+        "draft3": str(DEMO_DIR / "draft3"),
+        "present": all(
+            (DEMO_DIR / part / "config.json").is_file() for part in ("target", "draft", "draft3")
+        ),
     }
     if card_path.is_file():
         card = json.loads(card_path.read_text())

@@ -20,21 +20,27 @@ from .config import resolve_dtype
 
 DEMO_NAME = "demo"
 DEMO_DRAFT_NAME = "demo-draft"
+DEMO_DRAFT3_NAME = "demo-draft3"
 # The bundled pair (scripts/train_demo_pair.py): package data beside this module.
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
+# Each bundled drafter's name -> its directory under DEMO_DIR.
+_DEMO_DRAFTERS = {DEMO_DRAFT_NAME: "draft", DEMO_DRAFT3_NAME: "draft3"}
+# Every name resolve_model_path maps into DEMO_DIR.
+DEMO_NAMES = frozenset({DEMO_NAME, *_DEMO_DRAFTERS})
 
 
 def resolve_model_path(name: str | os.PathLike[str] | None) -> str:
     """Map a user-facing model name to what ``from_pretrained`` accepts.
 
     Local directories and hub ids pass through unchanged. ``None`` and ``"demo"`` name the
-    bundled demo target, ``"demo-draft"`` its distilled drafter (``flashspec/demo/``).
+    bundled demo target, ``"demo-draft"`` its distilled 1-layer drafter and ``"demo-draft3"`` a
+    second, 3-layer one (``flashspec/demo/``).
 
     Raises:
         FileNotFoundError: when the demo pair is named but missing from this installation.
     """
-    if name is None or str(name) in (DEMO_NAME, DEMO_DRAFT_NAME):
-        path = DEMO_DIR / ("draft" if str(name) == DEMO_DRAFT_NAME else "target")
+    if name is None or str(name) in DEMO_NAMES:
+        path = DEMO_DIR / _DEMO_DRAFTERS.get(str(name), "target")
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"the bundled demo model is missing from this installation ({path}); "

@@ -1,5 +1,7 @@
 """The bundled demo pair: present, small, loadable offline, and lossless under the engine.
 
+The second bundled drafter, ``draft3`` (3 layers, ``"demo-draft3"``), is held to the same checks.
+
 Greedy speculative output must equal the target's own greedy ``generate`` token for token; a
 difference is accepted only where the target's top two logits at the first differing position are
 within 1e-4 (a floating-point tie between one k-token forward and k one-token forwards).
@@ -22,9 +24,9 @@ pytest.importorskip("transformers")
 
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine  # noqa: E402
 from flashspec.drafters import ModelDrafter  # noqa: E402
-from flashspec.models import DEMO_DIR, resolve_model_path  # noqa: E402
+from flashspec.models import DEMO_DIR, DEMO_DRAFT3_NAME, resolve_model_path  # noqa: E402
 
-TARGET, DRAFT = DEMO_DIR / "target", DEMO_DIR / "draft"
+TARGET, DRAFT, DRAFT3 = DEMO_DIR / "target", DEMO_DIR / "draft", DEMO_DIR / "draft3"
 TIE = 1e-4
 MAX_NEW = 40
 PROMPTS = [
@@ -36,10 +38,10 @@ PROMPTS = [
 
 
 @cache
-def demo_engine() -> SpeculativeEngine:
+def demo_engine(drafter: str = "demo-draft") -> SpeculativeEngine:
     return SpeculativeEngine.from_pretrained(
         target="demo",
-        drafters=["demo-draft"],
+        drafters=[drafter],
         config=FlashSpecConfig(sampling=SamplingConfig(gamma=4)),
     )
 
@@ -48,11 +50,24 @@ def test_names_resolve_to_the_bundled_pair() -> None:
     assert Path(resolve_model_path(None)) == TARGET
     assert Path(resolve_model_path("demo")) == TARGET
     assert Path(resolve_model_path("demo-draft")) == DRAFT
+    assert DEMO_DRAFT3_NAME == "demo-draft3"
+    assert Path(resolve_model_path("demo-draft3")) == DRAFT3
     assert resolve_model_path("some/hub-id") == "some/hub-id"
 
 
+@pytest.mark.parametrize("name", ["demo-draft", "demo-draft3"])
+def test_missing_demo_drafter_is_a_clear_error(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flashspec.models
+
+    monkeypatch.setattr(flashspec.models, "DEMO_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"bundled demo model is missing .*drafters="):
+        resolve_model_path(name)
+
+
 def test_files_and_size_budget() -> None:
-    for model_dir in (TARGET, DRAFT):
+    for model_dir in (TARGET, DRAFT, DRAFT3):
         for name in ("config.json", "model.safetensors", "generation_config.json"):
             assert (model_dir / name).is_file(), f"{model_dir / name} missing"
         assert (model_dir / "tokenizer.json").is_file()
@@ -68,6 +83,29 @@ def test_card_reports_the_measurements() -> None:
     assert 0 <= measured["greedy_acceptance"]["acceptance_rate"] <= 1
     assert card["data"]["held_out_files_count"] == len(card["held_out_files"]) > 0
     assert card["plan"]["target_steps"] > 0 and card["training"]["target"]["wall_s"] > 0
+
+
+def test_card_reports_the_second_drafter() -> None:
+    card = json.loads((DEMO_DIR / "card.json").read_text())
+    entry = card["draft3"]
+    assert entry["plan"]["draft2_layers"] == 3 and entry["plan"]["draft2_steps"] > 0
+    assert "scripts/train_demo_pair.py" in entry["command"] and entry["wall_s"] > 0
+    measured = entry["measured"]
+    assert set(measured["held_out_loss"]) >= {"target", "draft"}
+    # A different arm: dearer than the 1-layer draft, still well below the target's cost.
+    assert card["measured"]["draft_target_cost_ratio"] < measured["draft_target_cost_ratio"] < 1
+    assert 0 <= measured["greedy_acceptance"]["acceptance_rate"] <= 1
+    assert "draft3" in (DEMO_DIR / "CARD.md").read_text()
+
+
+def test_second_drafter_shares_the_targets_tokenizer() -> None:
+    from transformers import AutoConfig
+
+    target, draft3 = AutoConfig.from_pretrained(TARGET), AutoConfig.from_pretrained(DRAFT3)
+    assert draft3.num_hidden_layers == 3 != target.num_hidden_layers
+    assert draft3.hidden_size == target.hidden_size
+    assert draft3.vocab_size == target.vocab_size
+    assert (DRAFT3 / "tokenizer.json").read_bytes() == (TARGET / "tokenizer.json").read_bytes()
 
 
 def test_loads_offline_with_plain_transformers() -> None:
@@ -87,7 +125,7 @@ def test_loads_offline_with_plain_transformers() -> None:
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", code, str(TARGET), str(DRAFT)],
+        [sys.executable, "-c", code, str(TARGET), str(DRAFT), str(DRAFT3)],
         env=env,
         capture_output=True,
         text=True,
@@ -97,10 +135,18 @@ def test_loads_offline_with_plain_transformers() -> None:
     assert done.stdout.strip() == "ok"
 
 
-def test_pair_shares_one_vocabulary() -> None:
-    engine = demo_engine()
+@pytest.mark.parametrize("drafter", ["demo-draft", "demo-draft3"])
+def test_pair_shares_one_vocabulary(drafter: str) -> None:
+    engine = demo_engine(drafter)
     assert isinstance(engine.drafters[0], ModelDrafter)
     assert engine.drafters[0].lm.vocab_size == engine.target.vocab_size
+
+
+def test_second_drafter_loads_by_name() -> None:
+    drafter = demo_engine("demo-draft3").drafters[0]
+    assert isinstance(drafter, ModelDrafter)
+    assert Path(str(drafter.lm.model.config.name_or_path)) == DRAFT3
+    assert drafter.lm.model.config.num_hidden_layers == 3
 
 
 def test_from_pretrained_without_arguments_uses_the_pair() -> None:
@@ -125,9 +171,13 @@ def _top2_gap(model: Any, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_output_equals_target_generate(prompt: str) -> None:
-    engine = demo_engine()
+@pytest.mark.parametrize(
+    ("drafter", "prompt"),
+    [("demo-draft", prompt) for prompt in PROMPTS]
+    + [("demo-draft3", prompt) for prompt in PROMPTS[:2]],
+)
+def test_greedy_output_equals_target_generate(drafter: str, prompt: str) -> None:
+    engine = demo_engine(drafter)
     result = engine.generate(prompt, max_new_tokens=MAX_NEW)
     ours = result.tokens[0]
 
