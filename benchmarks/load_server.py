@@ -1,0 +1,249 @@
+"""Load test of ``flashspec serve``: throughput and latency at 1, 4 and 16 concurrent clients.
+
+    python benchmarks/load_server.py                       # demo pair, batched vs unbatched
+    python benchmarks/load_server.py --requests 16 --max-tokens 64
+    python benchmarks/load_server.py --url http://127.0.0.1:8000 --api-key KEY   # a running one
+
+Without ``--url`` the script loads the engine once and serves it in-process, batched
+(``--max-batch``, default 16) and unbatched (max_batch 1), alternating at each level. Each client
+sends ``--requests`` streaming greedy completions one after another (HumanEval prompts, in
+turn); a request's latency runs from sending it to its last byte, its time to first token to
+the first chunk with text. Throughput is completion tokens (the server's usage counts) and
+requests per second of wall time over the whole level. The clients are threads of the same
+process as an in-process server, so they share its GIL (their work is small: socket reads and
+a JSON parse per chunk).
+
+Writes ``benchmarks/results/serve_load.json`` (machine, versions and git sha from
+``flashspec.bench.machine_info``) and prints a table. Not a test: numbers depend on the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashspec.bench import humaneval_prompts, machine_info, write_json
+
+DEFAULT_OUT = Path("benchmarks") / "results" / "serve_load.json"
+
+
+def one_request(
+    host: str, port: int, prompt: str, max_tokens: int, api_key: str | None
+) -> dict[str, float]:
+    """One streaming greedy completion; its latency, time to first token and token count."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    connection = http.client.HTTPConnection(host, port, timeout=600)
+    start = time.perf_counter()
+    first: float | None = None
+    tokens = 0
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body).encode(), headers)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[len("data: ") :])
+            if "error" in data:
+                raise RuntimeError(f"stream error: {data['error']['message']}")
+            if first is None and any(c.get("text") for c in data.get("choices", [])):
+                first = time.perf_counter()
+            if data.get("usage"):
+                tokens = int(data["usage"]["completion_tokens"])
+    finally:
+        connection.close()
+    end = time.perf_counter()
+    return {"latency": end - start, "ttft": (first or end) - start, "tokens": tokens}
+
+
+def run_level(
+    host: str,
+    port: int,
+    clients: int,
+    requests: int,
+    prompts: list[str],
+    max_tokens: int,
+    api_key: str | None,
+) -> dict[str, Any]:
+    """``clients`` threads, each sending ``requests`` requests back to back."""
+    results: list[dict[str, float]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        for k in range(requests):
+            prompt = prompts[(index * requests + k) % len(prompts)]
+            try:
+                got = one_request(host, port, prompt, max_tokens, api_key)
+            except (OSError, RuntimeError) as exc:
+                with lock:
+                    errors.append(str(exc))
+                continue
+            with lock:
+                results.append(got)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    latency = np.array([r["latency"] for r in results])
+    ttft = np.array([r["ttft"] for r in results])
+    tokens = int(sum(r["tokens"] for r in results))
+
+    def summary(values: np.ndarray) -> dict[str, float]:
+        if values.size == 0:
+            return {}
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        return {
+            "p50": round(float(p50), 4),
+            "p90": round(float(p90), 4),
+            "p99": round(float(p99), 4),
+            "mean": round(float(values.mean()), 4),
+        }
+
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "errors": errors[:5],
+        "error_count": len(errors),
+        "completion_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(len(results) / wall, 3),
+        "tokens_per_s": round(tokens / wall, 2),
+        "latency_s": summary(latency),
+        "ttft_s": summary(ttft),
+    }
+
+
+def run_server(
+    label: str,
+    host: str,
+    port: int,
+    args: argparse.Namespace,
+    prompts: list[str],
+    clients: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """One concurrency level against one server (after one warm-up request)."""
+    one_request(host, port, prompts[0], 4, args.api_key)
+    row = {"mode": label, **extra}
+    row.update(
+        run_level(host, port, clients, args.requests, prompts, args.max_tokens, args.api_key)
+    )
+    print(
+        f"{label:>9} clients {clients:>2}: {row['tokens_per_s']:8.1f} tok/s "
+        f"{row['requests_per_s']:6.2f} req/s  latency p50 {row['latency_s'].get('p50', 0):.2f}"
+        f" p90 {row['latency_s'].get('p90', 0):.2f} p99 {row['latency_s'].get('p99', 0):.2f}"
+        f"  ttft p50 {row['ttft_s'].get('p50', 0):.2f} s"
+        + (f"  ({row['error_count']} errors)" if row["error_count"] else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None, help="load a running server instead")
+    parser.add_argument("--api-key", default=None, help="the server's API key (with --url)")
+    parser.add_argument("--target", default=None, help="in-process: target (default: demo)")
+    parser.add_argument("--draft", default=None, help="in-process: draft model")
+    parser.add_argument("--requests", type=int, default=8, help="requests per client (8)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (32)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--max-batch", type=int, default=16, help="batched run's max_batch")
+    parser.add_argument("--prompts", type=int, default=32, help="HumanEval prompts to cycle")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    machine = machine_info()  # before the runs: it records the load average at the start
+    prompts = [p.text for p in humaneval_prompts(limit=args.prompts)]
+    settings = {
+        key: value
+        for key, value in vars(args).items()
+        if key not in ("api_key", "out") and value is not None
+    }
+    rows: list[dict[str, Any]] = []
+    if args.url is not None:
+        parsed = urllib.parse.urlsplit(args.url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        for clients in args.concurrency:
+            rows.append(run_server("url", host, port, args, prompts, clients, {"url": args.url}))
+    else:
+        import torch
+
+        from flashspec import SpeculativeEngine
+        from flashspec.server import ServerThread, create_app
+
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        settings["torch_threads"] = torch.get_num_threads()
+        drafters = [args.draft] if args.draft else None
+        engine = SpeculativeEngine.from_pretrained(args.target, drafters)
+        # One engine, one server at a time (an engine has one worker). Batched and unbatched
+        # alternate per level, in turn first, so drift in the machine's load hits both alike.
+        modes = [("unbatched", 1), ("batched", args.max_batch)]
+        for level, clients in enumerate(args.concurrency):
+            for label, max_batch in modes if level % 2 == 0 else modes[::-1]:
+                app = create_app(
+                    engine, model_name="load", max_batch=max_batch, max_queue=1024, timeout_s=3600
+                )
+                with ServerThread(app) as server:
+                    rows.append(
+                        run_server(
+                            label,
+                            server.host,
+                            server.port,
+                            args,
+                            prompts,
+                            clients,
+                            {"max_batch": max_batch},
+                        )
+                    )
+
+    speedup: dict[str, float] = {}
+    for clients in args.concurrency:
+        by_mode = {r["mode"]: r for r in rows if r["clients"] == clients}
+        if "batched" in by_mode and "unbatched" in by_mode and by_mode["unbatched"]["tokens_per_s"]:
+            speedup[str(clients)] = round(
+                by_mode["batched"]["tokens_per_s"] / by_mode["unbatched"]["tokens_per_s"], 2
+            )
+    if speedup:
+        print(f"batched/unbatched tokens/s by clients: {speedup}", file=sys.stderr)
+    data = {
+        "benchmark": "serve_load",
+        "machine": machine,
+        "settings": settings,
+        "runs": rows,
+        "batched_speedup_tokens_per_s": speedup,
+    }
+    write_json(data, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

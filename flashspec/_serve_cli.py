@@ -1,0 +1,171 @@
+"""``flashspec serve``: its arguments and its command (the server itself is ``flashspec.server``).
+
+Kept apart from ``flashspec.server`` so that ``flashspec --help`` and every other subcommand
+work without FastAPI installed; only running ``serve`` needs the ``[serve]`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import ipaddress
+import sys
+from typing import Any
+
+from . import _argtypes
+
+
+def port(text: str) -> int:
+    """A TCP port, 0..65535 (0: any free port)."""
+    value = _argtypes.integer(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in 0..65535, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    value = _argtypes.finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to ``subparsers`` (the parent's ``add_subparsers()`` object)."""
+    serve: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (needs pip install 'flashspec[serve]')",
+        description=(
+            "Serve the target with speculative decoding under OpenAI's API: POST "
+            "/v1/completions and /v1/chat/completions (stream: true for server-sent events), "
+            "GET /v1/models, /health and /metrics (Prometheus). Concurrent requests are "
+            "batched, up to --max-batch rows per engine batch. Without --target, serves the "
+            "bundled demo pair."
+        ),
+    )
+    serve.add_argument(
+        "--target", default="demo", help="local directory or hub id (default: the demo target)"
+    )
+    serve.add_argument(
+        "--draft",
+        default=None,
+        help="draft model: local directory or hub id (default: the demo draft with the demo "
+        "target, prompt lookup otherwise)",
+    )
+    serve.add_argument(
+        "--model-name",
+        default=None,
+        help="the model id clients send and GET /v1/models lists (default: --target)",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: local only)"
+    )
+    serve.add_argument("--port", type=port, default=8000, help="TCP port (8000)")
+    serve.add_argument(
+        "--max-batch",
+        type=_argtypes.positive_int,
+        default=8,
+        help="rows per engine batch at most; 1 disables batching (8)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=_argtypes.positive_int,
+        default=64,
+        help="generations waiting for the engine at most; more get 503 + Retry-After (64)",
+    )
+    serve.add_argument(
+        "--timeout",
+        type=seconds,
+        default=60.0,
+        help="per-request limit in seconds, queueing included; then 504 (60)",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+        "(default: $FLASHSPEC_API_KEY; neither: no authentication)",
+    )
+    serve.add_argument(
+        "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)"
+    )
+    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    serve.set_defaults(func=cmd_serve)
+    return serve
+
+
+# The flags `flashspec serve` shares with `flashspec generate`; build_engine reads the rest
+# (sampling...) at generate's defaults, and each request brings its own sampling.
+ENGINE_FLAGS = ("target", "draft", "gamma", "device", "dtype")
+
+
+def engine_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` as the ``generate`` namespace that ``cli.build_engine`` reads."""
+    from .cli import build_parser
+
+    # Parsed rather than listed here, so flags added to generate later get their defaults.
+    namespace = build_parser().parse_args(["generate"])
+    for name in ENGINE_FLAGS:
+        setattr(namespace, name, getattr(args, name))
+    return namespace
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``flashspec serve``: build the engine, then serve it until interrupted."""
+    from .cli import UserError, _quiet_libraries, build_engine
+
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"flashspec serve needs {' and '.join(missing)}: pip install 'flashspec[serve]'"
+        )
+    from . import server
+
+    api_key = server.resolve_api_key(args.api_key)
+    if not _loopback(args.host) and api_key is None:
+        print(
+            f"flashspec serve: warning: listening on {args.host} without an API key; anyone "
+            f"who can reach it can use it (set --api-key or {server.API_KEY_ENV})",
+            file=sys.stderr,
+        )
+    _quiet_libraries()
+    engine = build_engine(engine_args(args))
+    model_name = args.model_name or args.target
+    try:
+        listener = server.bind(args.host, args.port)
+    except OSError as exc:
+        raise UserError(
+            f"--host {args.host} --port {args.port}: cannot listen there "
+            f"({exc.strerror or exc}); pick another --port or --host"
+        ) from None
+    print(
+        f"flashspec serve: {model_name!r} on http://{args.host}:{listener.getsockname()[1]}/v1 "
+        f"(max batch {args.max_batch}, queue {args.max_queue}, timeout {args.timeout:g} s, "
+        f"API key {'on' if api_key else 'off'}); Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.serve(
+            engine,
+            sock=listener,
+            model_name=model_name,
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            timeout_s=args.timeout,
+            api_key=api_key,
+        )
+    except KeyboardInterrupt:
+        # uvicorn shuts down gracefully on Ctrl-C, then re-raises it: the normal way to stop.
+        print("flashspec serve: stopped", file=sys.stderr)
+    return 0
