@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -133,7 +133,11 @@ class Config:
 
 
 def build_configs(
-    target: TargetModel, drafters: list[Drafter], sampling: SamplingConfig, window: int | None
+    target: TargetModel,
+    drafters: list[Drafter],
+    sampling: SamplingConfig,
+    window: int | None,
+    exploration: float,
 ) -> tuple[list[Config], dict[str, list[Config]]]:
     """Fixed configurations, and the adaptive ones per workload (a selector state each)."""
     fixed_config = FlashSpecConfig(
@@ -161,11 +165,20 @@ def build_configs(
                 )
             )
     adaptive: dict[str, list[Config]] = {}
+    lookup = any(isinstance(d, PromptLookupDrafter) for d in drafters)
+    context: Literal["none", "lookup"] = "lookup" if lookup else "none"
     for workload in WORKLOADS:
         for kind in SELECTORS:
             config = FlashSpecConfig(
                 sampling=_replace(sampling, dynamic_gamma=True),
-                bandit=BanditConfig(selector=kind, plain=True, window_size=window, seed=0),  # type: ignore[arg-type]
+                bandit=BanditConfig(
+                    selector=kind,  # type: ignore[arg-type]
+                    plain=True,
+                    window_size=window,
+                    exploration=exploration,
+                    seed=0,
+                    context=context,
+                ),
             )
             adaptive.setdefault(workload, []).append(
                 Config(f"adaptive-{kind}", "adaptive", SpeculativeEngine(config, drafters, target))
@@ -188,7 +201,9 @@ def run_regime(
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Every configuration over the mixed stream, interleaved per prompt."""
-    fixed, adaptive = build_configs(target, drafters, REGIMES[regime], args.window)
+    fixed, adaptive = build_configs(
+        target, drafters, REGIMES[regime], args.window, args.exploration
+    )
     # Warm-up: first calls pay for allocator growth and lazy initialisation.
     for config in [*fixed, *(c for cs in adaptive.values() for c in cs)]:
         config.engine.generate(stream[0][1], max_new_tokens=8, ignore_eos=True, seed=0)
@@ -311,7 +326,9 @@ def main(args: argparse.Namespace) -> int:
             "max_new_tokens": args.max_new_tokens,
             "max_prompt_tokens": args.max_prompt_tokens,
             "window_size": args.window,
-            "adaptive_arms": "each drafter with dynamic gamma (from 4) + plain decoding",
+            "exploration": args.exploration,
+            "adaptive_arms": "each drafter with dynamic gamma (from 4) + plain decoding; "
+            "selection context: whether prompt lookup has a 2-gram match",
             "threads": torch.get_num_threads(),
             "quick": bool(args.quick),
             "command": " ".join(sys.argv),
@@ -362,6 +379,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_argtypes.positive_int,
         default=None,
         help="selectors' sliding window in rounds (default: none)",
+    )
+    parser.add_argument(
+        "--exploration",
+        type=_argtypes.finite_float,
+        default=BanditConfig.exploration,
+        help=f"UCB1's c (default {BanditConfig.exploration})",
     )
     parser.add_argument(
         "--regimes", default="greedy,sample", help="comma-separated: greedy, sample"

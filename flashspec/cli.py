@@ -261,7 +261,11 @@ def build_engine(args: argparse.Namespace) -> Any:
                 dynamic_gamma=args.dynamic_gamma or args.adaptive,
                 confidence_threshold=args.confidence,
             ),
-            bandit=BanditConfig(selector=args.selector, plain=args.adaptive),
+            bandit=BanditConfig(
+                selector=args.selector,
+                plain=args.adaptive,
+                context="lookup" if args.adaptive else "none",
+            ),
             device=args.device,
             dtype=args.dtype,
         )

@@ -157,6 +157,8 @@ class SamplingConfig:
 
 SelectorKind = Literal["ucb1", "thompson"]
 _SELECTORS = ("ucb1", "thompson")
+SelectionContext = Literal["none", "lookup"]
+_CONTEXTS = ("none", "lookup")
 
 
 @dataclass
@@ -172,22 +174,35 @@ class BanditConfig:
     Attributes:
         selector: ``"ucb1"`` (mean + c * scale * sqrt(2 ln t / n)) or ``"thompson"``
             (Beta-Bernoulli posterior sampling on rewards scaled to [0, 1]).
-        exploration: the constant c of UCB1.
+        exploration: the constant c of UCB1. Rewards are divided by the largest single-round
+            reward seen, which sits far above the arms' means (one fully accepted round of
+            prompt lookup emits many times the tokens of an average one), so the textbook
+            c = 1 explores almost round-robin over a few hundred rounds; 0.3 is the default.
         window_size: if set, only the last ``window_size`` rounds count (adapts to drift, e.g.
             a stream of prompts of different kinds).
         gammas: draft lengths to choose among (each >= 1); None: ``SamplingConfig.gamma`` alone.
         plain: add the plain-decoding arm (gamma 0).
         seed: seed of the Thompson selector's own random source (never the generation's).
+        context: ``"lookup"`` keeps separate statistics for rounds in which a prompt-lookup
+            drafter finds an n-gram match and rounds in which it finds none (and could only
+            draft nothing): which arm pays differs a lot between the two, and whether there is
+            a match is known before the round, from committed tokens only. Needs a
+            ``PromptLookupDrafter`` among the drafters. ``"none"``: one set of statistics.
     """
 
     selector: SelectorKind = "ucb1"
-    exploration: float = 1.0
+    exploration: float = 0.3
     window_size: int | None = None
     gammas: tuple[int, ...] | None = None
     plain: bool = False
     seed: int | None = None
+    context: SelectionContext = "none"
 
     def __post_init__(self) -> None:
+        if self.context not in _CONTEXTS:
+            raise ValueError(
+                f"BanditConfig.context must be one of {_CONTEXTS}, got {self.context!r}"
+            )
         if self.selector not in _SELECTORS:
             raise ValueError(
                 f"BanditConfig.selector must be one of {_SELECTORS}, got {self.selector!r}"

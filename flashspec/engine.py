@@ -33,7 +33,14 @@ import torch
 
 from .bandit import Selector, make_selector
 from .config import FlashSpecConfig, SamplingConfig
-from .drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
+from .drafters import (
+    DraftContext,
+    Drafter,
+    PromptLookupDrafter,
+    Proposal,
+    load_drafters,
+    with_temperature,
+)
 from .models import (
     DEMO_DRAFT_NAME,
     DEMO_NAME,
@@ -272,6 +279,9 @@ class SpeculativeEngine:
     Attributes:
         arms: every drafter with every gamma of ``config.bandit.gammas``, then plain decoding
             if ``config.bandit.plain``. The selector's arm i is ``arms[i]``.
+        selector: the selector (None with a single arm).
+        selectors: the selectors in use: ``[selector]``, or with ``config.bandit.context ==
+            "lookup"`` one for rounds without a prompt-lookup match and one for rounds with one.
 
     Raises:
         ValueError: a model drafter with another vocabulary than the target's, or on another
@@ -331,12 +341,37 @@ class SpeculativeEngine:
                 f"selector has {selector.n_arms} arms but the engine has {len(arms)}: "
                 f"{[arm.label for arm in arms]} (drafters x config.bandit.gammas, + plain)"
             )
+        # Kept across generations: what paid on the last prompts is the best prior for the
+        # next (a window forgets it when the workload changes).
+        selectors = [] if selector is None else [selector]
+        self._lookup: PromptLookupDrafter | None = None
+        if bandit.context == "lookup" and selectors:
+            lookups = [d for d in drafter_list if isinstance(d, PromptLookupDrafter)]
+            if not lookups:
+                raise ValueError(
+                    "config.bandit.context='lookup' needs a PromptLookupDrafter among the "
+                    "drafters (e.g. drafters=[..., 'prompt_lookup']), or use context='none'"
+                )
+            # A one-token match exists almost always in code; two tokens say "copying now".
+            first = lookups[0]
+            self._lookup = PromptLookupDrafter(
+                max_ngram=max(2, first.max_ngram), min_ngram=max(2, first.min_ngram)
+            )
+            # selectors[0]: rounds without an n-gram match; selectors[1]: rounds with one.
+            selectors.append(
+                make_selector(
+                    bandit.selector,
+                    len(arms),
+                    window_size=bandit.window_size,
+                    exploration=bandit.exploration,
+                    seed=None if bandit.seed is None else bandit.seed + 1,
+                )
+            )
         self.config = config
         self.drafters = drafter_list
         self.target = target
         self.arms = arms
-        # Kept across generations: what paid on the last prompts is the best prior for the
-        # next (a window forgets it when the workload changes).
+        self.selectors: list[Selector] = selectors
         self.selector = selector
         sampling = config.sampling
         self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -520,8 +555,8 @@ class SpeculativeEngine:
         # 0. choose the arm: a drafter and its draft length, or plain decoding. Drafts beyond
         # room - 1 could never be emitted (the round adds one token of its own), and a round
         # that can emit one token is plain whatever is chosen, so it teaches the selector nothing.
-        choose = self.selector is not None and room > 1
-        index = self.selector.select() if self.selector is not None and choose else 0
+        selector = self.selectors[self._context(gen)] if self.selectors and room > 1 else None
+        index = selector.select() if selector is not None else 0
         arm = self.arms[index]
         gamma = min(gen.arm_gammas[index], room - 1)
 
@@ -578,15 +613,23 @@ class SpeculativeEngine:
         # 5. stop and stream
         chunks = self._finish_rows(gen, [[*row[:m], row[g]] for row in host])
         end = time.perf_counter()
-        if self.selector is not None and choose:
+        if selector is not None:
             # Tokens per second of this round's wall time: what the choice bought, including
             # the drafting it cost. Counted before stopping, which is not the arm's doing.
-            self.selector.update(index, (m + 1) * live_rows / max(end - start, 1e-9))
+            selector.update(index, (m + 1) * live_rows / max(end - start, 1e-9))
         stats.time_draft += drafted_at - start
         stats.time_verify += verified_at - drafted_at
         stats.time_accept += accepted_at - verified_at
         stats.time_total += end - start
         return chunks
+
+    def _context(self, gen: _Generation) -> int:
+        """Which selector decides this round: 1 if prompt lookup has a match (context
+        'lookup'), else 0. Reads committed tokens only, so the choice stays exact."""
+        if self._lookup is None or len(self.selectors) < 2:
+            return 0
+        probe = self._lookup.propose(self._draft_context(gen, self._lookup), 1)
+        return 1 if probe.count else 0
 
     def _draft_context(self, gen: _Generation, drafter: Drafter) -> DraftContext:
         warper = (
