@@ -22,6 +22,9 @@ ENGINE_JSON = RESULTS / "engine.json"
 PROFILE_JSON = RESULTS / "profile.json"
 REGRET_JSON = RESULTS / "regret.json"
 ADAPTIVE_JSON = RESULTS / "adaptive.json"
+SERVE_JSON = RESULTS / "serve_load.json"
+# Written by scripts/train_demo_pair.py from the measurements in card.json.
+DEMO_CARD = ROOT / "flashspec" / "demo" / "CARD.md"
 SWEEP_HEADER = ["gamma", "speedup (median)", "ideal", "acceptance", "tokens/round", "identical"]
 
 
@@ -281,6 +284,28 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def serve_section(data: dict[str, Any]) -> str:
+    s = data["settings"]
+    lines = [
+        f"`python benchmarks/load_server.py` ({_versions(data['machine'])}): the demo pair, "
+        f"{s['requests']} requests per client of {s['max_tokens']} new tokens, HumanEval "
+        f"prompts, clients in the server's process; batched = `--max-batch {s['max_batch']}`, "
+        "unbatched = `--max-batch 1`; the two modes alternate at each level.",
+        "",
+        "| clients | mode | tokens/s | requests/s | latency p50 / p90 / p99 (s) | TTFT p50 (s) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    runs = sorted(data["runs"], key=lambda r: (r["clients"], r["mode"] != "unbatched"))
+    for r in runs:
+        lat = r["latency_s"]
+        lines.append(
+            f"| {r['clients']} | {r['mode']} | {r['tokens_per_s']:.1f} | "
+            f"{r['requests_per_s']:.2f} | {lat['p50']:.2f} / {lat['p90']:.2f} / "
+            f"{lat['p99']:.2f} | {r['ttft_s']['p50']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def replace_between(text: str, tag: str, body: str) -> str:
     start, end = f"<!-- {tag}:START -->", f"<!-- {tag}:END -->"
     a, b = text.index(start) + len(start), text.index(end)
@@ -301,6 +326,13 @@ def main() -> None:
         adaptive_lines += regret_section(json.loads(REGRET_JSON.read_text()))
     if ADAPTIVE_JSON.exists():
         adaptive_lines += ["", *adaptive_section(json.loads(ADAPTIVE_JSON.read_text()))]
+    if DEMO_CARD.exists():
+        card = DEMO_CARD.read_text().strip().replace("\n## ", "\n#### ")
+        text = replace_between(text, "DEMO-CARD", card)
+    if SERVE_JSON.exists():
+        text = replace_between(
+            text, "SERVE-LOAD", serve_section(json.loads(SERVE_JSON.read_text()))
+        )
     if adaptive_lines:
         text = replace_between(text, "ADAPTIVE-BENCH", "\n".join(adaptive_lines).strip())
     README.write_text(text)

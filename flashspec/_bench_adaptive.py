@@ -76,7 +76,8 @@ def copy_prompts(limit: int, min_lines: int = 6, max_chars: int = 700) -> list[b
             text = "\n".join(body)
             if len(body) < min_lines or len(text) > max_chars or node.decorator_list:
                 continue
-            header = body[0].replace(f"def {node.name}(", f"def {node.name}_copy(", 1)
+            # "def name(" or "def name (": the header is the first line, name suffixed.
+            header = body[0].replace(f"def {node.name}", f"def {node.name}_copy", 1)
             name = f"copy/{path.stem}.{node.name}"
             prompts.append(bench.Prompt(name, "copy", f"{text}\n\n\n{header}\n"))
             break

@@ -8,9 +8,10 @@ draws from its own ``random.Random``, never from the generation's torch generato
 speculative decoding's output stays exactly the target model's.
 
 Both selectors take rewards on any non-negative scale: tokens per second run from tens to
-thousands, while UCB1's exploration bonus and Thompson sampling's Bernoulli trials assume
-rewards in [0, 1]. Rewards are therefore divided by a scale: a fixed ``reward_scale`` when one
-is known (1.0 for Bernoulli rewards), else the largest reward within the window.
+thousands, while UCB1's exploration bonus assumes rewards in [0, 1]; UCB1 therefore divides
+rewards by a scale: a fixed ``reward_scale`` when one is known (1.0 for Bernoulli rewards),
+else the largest reward within the window. Thompson sampling uses a Beta-Bernoulli posterior
+when the scale is known and a Gaussian one, which needs no scale, when it is not.
 
 ``make_selector`` builds either from the engine's settings.
 """
@@ -178,7 +179,7 @@ class Selector(ABC):
             old_arm, old_reward, old_outcome = self._history.popleft()
             self._counts[old_arm] -= 1
             self._sums[old_arm] -= old_reward
-            self._forget(old_arm, old_outcome)
+            self._forget(old_arm, old_reward, old_outcome)
             if candidates[0][0] == index - self.window_size:
                 candidates.popleft()
         elif self.window_size is None:
@@ -189,7 +190,7 @@ class Selector(ABC):
         """Hook: derive and record a subclass statistic of a new pull (its ``outcome``)."""
         return 0
 
-    def _forget(self, arm: int, outcome: int) -> None:  # noqa: B027 (optional hook, no-op)
+    def _forget(self, arm: int, reward: float, outcome: int) -> None:  # noqa: B027 (no-op hook)
         """Hook: undo ``_observe`` for a pull leaving the window."""
 
     def reset(self) -> None:
@@ -244,16 +245,19 @@ class UCB1Selector(Selector):
 
 
 class ThompsonSelector(Selector):
-    """Thompson sampling with a Beta-Bernoulli posterior per arm (prior Beta(1, 1)).
+    """Thompson sampling: draw a plausible mean for every arm from its posterior, take the best.
 
-    A reward ``r`` becomes a Bernoulli trial that succeeds with probability ``r / scale``
-    (Agrawal & Goyal 2012: this keeps Thompson sampling's guarantees for any rewards in
-    [0, 1]); ``select`` draws one sample from each arm's posterior and takes the largest.
-    Bernoulli rewards with ``reward_scale=1.0`` give textbook Beta-Bernoulli Thompson sampling.
+    Two posteriors, by what is known about the rewards:
 
-    With the adaptive scale, each trial uses the scale at the time of its pull; trials made
-    before a larger reward raised the scale are not redrawn, a bias that fades as pulls
-    accumulate (or leave the window).
+    - ``reward_scale`` given (rewards in [0, scale]): Beta-Bernoulli, prior Beta(1, 1). A
+      reward ``r`` becomes a Bernoulli trial that succeeds with probability ``r / scale``
+      (Agrawal & Goyal 2012: this keeps Thompson sampling's guarantees for any rewards in
+      [0, 1]). Bernoulli rewards with ``reward_scale=1.0`` give textbook Thompson sampling.
+    - ``reward_scale=None`` (unbounded rewards such as tokens/s): Gaussian, the draw being
+      ``mean + sd / sqrt(n) * Z`` with the arm's own sample variance, shrunk towards the
+      variance of all pulls by one pseudo-observation. Bernoulli trials against the largest
+      reward seen would throw away what the rewards' spread says, and would judge early pulls
+      against a smaller scale than later ones. Arms not pulled yet come first.
 
     All randomness comes from this selector's own ``random.Random(seed)``, never from the
     generation's torch generator, so the draws cannot disturb sampling.
@@ -278,6 +282,7 @@ class ThompsonSelector(Selector):
     def _init_state(self) -> None:
         super()._init_state()
         self._successes = [0] * self.n_arms
+        self._squares = [0.0] * self.n_arms
         self._rng = random.Random(self.seed)
 
     @property
@@ -287,15 +292,40 @@ class ThompsonSelector(Selector):
 
     def select(self) -> int:
         """The arm whose posterior sample is largest."""
-        draws = [self._rng.betavariate(a, b) for a, b in self.posterior]
+        if self.reward_scale is not None:
+            draws = [self._rng.betavariate(a, b) for a, b in self.posterior]
+        else:
+            draws = self._gaussian_draws()
         return max(range(self.n_arms), key=draws.__getitem__)
 
+    def _gaussian_draws(self) -> list[float]:
+        counts, sums, squares = self._counts, self._sums, self._squares
+        total = sum(counts)
+        if total == 0:
+            return [math.inf] * self.n_arms
+        # Spread of every pull around its own arm's mean: the prior for each arm's variance.
+        within = sum(q - s * s / n for q, s, n in zip(squares, sums, counts, strict=True) if n)
+        pooled = max(within, 0.0) / total
+        draws = []
+        for q, s, n in zip(squares, sums, counts, strict=True):
+            if n == 0:
+                draws.append(math.inf)
+                continue
+            mean = s / n
+            variance = (max(q - s * mean, 0.0) + pooled) / (n + 1)
+            draws.append(mean + math.sqrt(variance / n) * self._rng.gauss(0.0, 1.0))
+        return draws
+
     def _observe(self, arm: int, reward: float) -> int:
+        self._squares[arm] += reward * reward
+        if self.reward_scale is None:
+            return 0
         success = int(self._rng.random() < reward / self.scale)
         self._successes[arm] += success
         return success
 
-    def _forget(self, arm: int, outcome: int) -> None:
+    def _forget(self, arm: int, reward: float, outcome: int) -> None:
+        self._squares[arm] -= reward * reward
         self._successes[arm] -= outcome
 
 

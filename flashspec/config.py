@@ -173,7 +173,7 @@ class BanditConfig:
 
     Attributes:
         selector: ``"ucb1"`` (mean + c * scale * sqrt(2 ln t / n)) or ``"thompson"``
-            (Beta-Bernoulli posterior sampling on rewards scaled to [0, 1]).
+            (posterior sampling, Gaussian on tokens/s; see ``ThompsonSelector``).
         exploration: the constant c of UCB1. Rewards are divided by the largest single-round
             reward seen, which sits far above the arms' means (one fully accepted round of
             prompt lookup emits many times the tokens of an average one), so the textbook

@@ -85,6 +85,13 @@ class Drafter(ABC):
     def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
         """Propose up to ``gamma`` tokens per row after ``ctx.tokens``."""
 
+    def prefill(self, ctx: DraftContext) -> None:  # noqa: B027 - stateless drafters: nothing to do
+        """Bring any cached state up to all but the newest committed token, ahead of time.
+
+        The engine calls it in the first round of a generation when it chooses among arms, so
+        that no drafter's prompt prefill lands in (and skews) the reward of a later round.
+        """
+
     def commit(self, valid: int) -> None:  # noqa: B027
         """Only the first ``valid`` committed columns are still correct in any cached state."""
 
@@ -157,6 +164,13 @@ class ModelDrafter(Drafter):
                 break
             feed = token.unsqueeze(1)
         return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        """Feed the prompt (all but its last token, which ``propose`` feeds) into the cache."""
+        lm = self._lm
+        end = ctx.tokens.shape[1] - 1
+        if end > lm.cached and (lm.max_context is None or end <= lm.max_context):
+            lm.forward(ctx.tokens[:, lm.cached : end], ctx.padding, keep=1)
 
     def commit(self, valid: int) -> None:
         """Crop the cache to the still-valid prefix; after a full acceptance the cache is one

@@ -558,6 +558,13 @@ class SpeculativeEngine:
         selector = self.selectors[self._context(gen)] if self.selectors and room > 1 else None
         index = selector.select() if selector is not None else 0
         arm = self.arms[index]
+        # The first round also prefills the prompt, whichever arm runs it: it teaches the
+        # selector nothing, and every drafter prefills in it too, so that a drafter chosen
+        # later is not charged for its prompt.
+        learn = selector is not None and self.target.cached > 0
+        if selector is not None and not learn:
+            for each in self.drafters:
+                each.prefill(self._draft_context(gen, each))
         gamma = min(gen.arm_gammas[index], room - 1)
 
         # 1. draft
@@ -613,7 +620,7 @@ class SpeculativeEngine:
         # 5. stop and stream
         chunks = self._finish_rows(gen, [[*row[:m], row[g]] for row in host])
         end = time.perf_counter()
-        if selector is not None:
+        if learn and selector is not None:
             # Tokens per second of this round's wall time: what the choice bought, including
             # the drafting it cost. Counted before stopping, which is not the arm's doing.
             selector.update(index, (m + 1) * live_rows / max(end - start, 1e-9))

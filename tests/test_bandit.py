@@ -169,16 +169,16 @@ def test_window_forgets_the_scale_too() -> None:
 
 def test_thompson_is_reproducible_and_uses_its_own_random_numbers() -> None:
     state = random.getstate()
-    first = bernoulli_run(ThompsonSelector(3, seed=11), MEANS, 500, seed=6)
+    first = bernoulli_run(ThompsonSelector(3, reward_scale=1.0, seed=11), MEANS, 500, seed=6)
     random.seed(12345)  # the global generator must not matter
-    second = bernoulli_run(ThompsonSelector(3, seed=11), MEANS, 500, seed=6)
+    second = bernoulli_run(ThompsonSelector(3, reward_scale=1.0, seed=11), MEANS, 500, seed=6)
     assert random.getstate() == random.Random(12345).getstate()
     random.setstate(state)
     assert first == second
-    other = bernoulli_run(ThompsonSelector(3, seed=12), MEANS, 500, seed=6)
+    other = bernoulli_run(ThompsonSelector(3, reward_scale=1.0, seed=12), MEANS, 500, seed=6)
     assert other != first
     # reset restarts the random stream too.
-    selector = ThompsonSelector(3, seed=11)
+    selector = ThompsonSelector(3, reward_scale=1.0, seed=11)
     bernoulli_run(selector, MEANS, 100, seed=9)
     selector.reset()
     assert bernoulli_run(selector, MEANS, 500, seed=6) == first
@@ -191,11 +191,36 @@ def test_thompson_posterior_counts_bernoulli_trials() -> None:
     # Window of 3: the first pull (a success of arm 0) is gone.
     assert selector.posterior == [(1, 2), (3, 1)]
     # Rewards on another scale become trials with probability reward / scale.
-    scaled = ThompsonSelector(1, seed=0)
-    for reward in [1000.0] + [250.0] * 4000:
-        scaled.update(0, reward)
+    scaled = ThompsonSelector(1, reward_scale=1000.0, seed=0)
+    for _ in range(4000):
+        scaled.update(0, 250.0)
     successes = scaled.posterior[0][0] - 1
-    assert successes - 1 == pytest.approx(0.25 * 4000, abs=100)
+    assert successes == pytest.approx(0.25 * 4000, abs=100)
+
+
+def test_thompson_gaussian_posterior_for_unbounded_rewards() -> None:
+    selector = ThompsonSelector(3, seed=4)
+    assert [selector.select() for _ in range(2)] == [0, 0]  # unpulled arms first, in order
+    for arm, reward in [(0, 100.0), (1, 110.0), (2, 90.0)]:
+        selector.update(arm, reward)
+    # Every arm pulled once with no spread: the draws are the means exactly.
+    assert all(selector.select() == 1 for _ in range(20))
+    # Hand computation of one draw: arm means 100 and 300, sample variances 0 and 100^2.
+    rng_selector = ThompsonSelector(2, seed=9)
+    for reward in (100.0, 100.0, 200.0, 400.0):
+        rng_selector.update(0 if reward == 100.0 else 1, reward)
+    pooled = (0.0 + 2 * 100.0**2) / 4  # within-arm squared deviations over all pulls
+    z = random.Random(9)
+    draw0 = 100.0 + math.sqrt((0.0 + pooled) / 3 / 2) * z.gauss(0.0, 1.0)
+    draw1 = 300.0 + math.sqrt((2 * 100.0**2 + pooled) / 3 / 2) * z.gauss(0.0, 1.0)
+    assert rng_selector.select() == (0 if draw0 > draw1 else 1)
+    # A noisy but better arm wins in the long run.
+    rng = random.Random(3)
+    noisy = ThompsonSelector(2, seed=5)
+    for _ in range(2000):
+        arm = noisy.select()
+        noisy.update(arm, rng.uniform(0, 400) if arm == 0 else rng.uniform(80, 240))
+    assert noisy.counts[0] > 1600
 
 
 def test_thompson_adaptive_scale_is_unit_free() -> None:

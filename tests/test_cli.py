@@ -103,6 +103,21 @@ def test_sampling_batch_file_and_prompt_lookup(
     assert out.out.startswith(PROMPT) and "tokens/s" in out.err
 
 
+def test_adaptive_chooses_among_both_demo_drafters_lookup_and_plain(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["generate", PROMPT, "--adaptive", "--max-new-tokens", "48", "--compare"]
+    assert main([*argv, "--selector", "thompson"]) == 0
+    err = capsys.readouterr().err
+    assert "greedy outputs identical" in err
+    arms = err.split("rounds per arm: ", 1)[1].splitlines()[0]
+    labels = {part.rsplit(" ", 1)[0] for part in arms.split(", ")}
+    # Thompson sampling starts from flat priors, so 15+ rounds try several arms.
+    assert len(labels) >= 2 and labels <= {
+        "demo-draft/gamma", "demo-draft3/gamma", "prompt_lookup/gamma", "plain",
+    }, arms  # fmt: skip
+
+
 def test_missing_model_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "no-model-here"
     assert main(["generate", PROMPT, "--target", str(missing)]) == 2

@@ -31,13 +31,22 @@ from flashspec.drafters import DraftContext, Drafter, Proposal
 
 
 def adaptive_engine(
-    kind: str, selector: str, *, plain: bool = True, gammas: tuple[int, ...] = (1, 3, 8)
+    kind: str,
+    selector: str,
+    *,
+    plain: bool = True,
+    gammas: tuple[int, ...] = (1, 3, 8),
+    context: str = "none",
 ) -> SpeculativeEngine:
     target, draft = models(kind)
-    config = FlashSpecConfig(
-        sampling=SamplingConfig(gamma=4),
-        bandit=BanditConfig(selector=selector, gammas=gammas, plain=plain, seed=0),  # type: ignore[arg-type]
+    bandit = BanditConfig(
+        selector=selector,  # type: ignore[arg-type]
+        gammas=gammas,
+        plain=plain,
+        seed=0,
+        context=context,  # type: ignore[arg-type]
     )
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4), bandit=bandit)
     drafters: list[Drafter] = [ModelDrafter(draft, name="draft"), PromptLookupDrafter()]
     return SpeculativeEngine(
         config, drafters, TargetModel("tiny", model=target, tokenizer=tokenizer())
@@ -59,10 +68,14 @@ def test_arms_are_drafters_times_gammas_plus_plain() -> None:
     assert single.selector is None and len(single.arms) == 1
 
 
-@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
+@pytest.mark.parametrize(
+    ("selector", "context"), [("ucb1", "none"), ("thompson", "none"), ("ucb1", "lookup")]
+)
 @pytest.mark.parametrize(("kind", "batch"), [("plain", 1), ("loopy", 1), ("loopy", 4)])
-def test_greedy_with_selection_equals_target_generate(kind: str, batch: int, selector: str) -> None:
-    engine = adaptive_engine(kind, selector)
+def test_greedy_with_selection_equals_target_generate(
+    kind: str, batch: int, selector: str, context: str
+) -> None:
+    engine = adaptive_engine(kind, selector, context=context)
     ties = 0
     arms: Counter[str] = Counter()
     for start in range(0, len(PROMPTS), batch):
@@ -74,14 +87,23 @@ def test_greedy_with_selection_equals_target_generate(kind: str, batch: int, sel
     assert ties <= 2
     # Every arm was tried (unpulled arms first / uniform prior), so the test saw them all.
     assert len(arms) == len(engine.arms), arms
+    if context == "lookup":
+        # Both contexts occurred: rounds with a 2-gram match and rounds without one.
+        assert len(engine.selectors) == 2 and all(sum(s.counts) > 0 for s in engine.selectors)
 
 
-@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
-def test_sampling_with_selection_follows_target(selector: str) -> None:
+@pytest.mark.parametrize(("selector", "context"), [("ucb1", "none"), ("thompson", "lookup")])
+def test_sampling_with_selection_follows_target(selector: str, context: str) -> None:
     target, draft = dist_models()
+    bandit = BanditConfig(
+        selector=selector,  # type: ignore[arg-type]
+        gammas=(1, 3),
+        plain=True,
+        seed=1,
+        context=context,  # type: ignore[arg-type]
+    )
     config = FlashSpecConfig(
-        sampling=SamplingConfig(gamma=3, temperature=0.7, top_p=0.9),
-        bandit=BanditConfig(selector=selector, gammas=(1, 3), plain=True, seed=1),  # type: ignore[arg-type]
+        sampling=SamplingConfig(gamma=3, temperature=0.7, top_p=0.9), bandit=bandit
     )
     engine = SpeculativeEngine(
         config, [ModelDrafter(draft), PromptLookupDrafter()], TargetModel(model=target)
@@ -91,8 +113,8 @@ def test_sampling_with_selection_follows_target(selector: str) -> None:
     for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
         stat, critical = chi_squared(counts, p)
         assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"
-    assert engine.selector is not None
-    assert sum(n > 0 for n in engine.selector.counts) >= 3, engine.selector.counts
+    pulled = [sum(c) for c in zip(*(s.counts for s in engine.selectors), strict=True)]
+    assert sum(n > 0 for n in pulled) >= 3, pulled
 
 
 class SlowWrongDrafter(Drafter):
@@ -184,11 +206,19 @@ def test_bad_bandit_config() -> None:
         BanditConfig(gammas=())
     with pytest.raises(ValueError, match=r"BanditConfig\.plain"):
         BanditConfig(plain=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"BanditConfig\.context"):
+        BanditConfig(context="ngram")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_gamma"):
         SamplingConfig(max_gamma=0)
     target, draft = models("plain")
     from flashspec import UCB1Selector
 
+    with pytest.raises(ValueError, match="needs a PromptLookupDrafter"):
+        SpeculativeEngine(
+            FlashSpecConfig(bandit=BanditConfig(plain=True, context="lookup")),
+            [ModelDrafter(draft)],
+            TargetModel(model=target),
+        )
     with pytest.raises(ValueError, match="selector has 2 arms but the engine has 3"):
         SpeculativeEngine(
             FlashSpecConfig(bandit=BanditConfig(gammas=(2, 4), plain=True)),

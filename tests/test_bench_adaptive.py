@@ -1,0 +1,88 @@
+"""``flashspec bench adaptive`` code paths on tiny random models: workloads, schema, checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import pytest
+from conftest import build_char_tokenizer, build_llama, perturbed_copy
+
+from flashspec import ModelDrafter, PromptLookupDrafter, TargetModel, bench
+from flashspec import _bench_adaptive as A
+
+
+def test_copy_prompts_end_with_the_renamed_header() -> None:
+    prompts = A.copy_prompts(3)
+    assert prompts, "no held-out stdlib function found"
+    for prompt in prompts:
+        assert prompt.source == "copy"
+        body, header = prompt.text.rstrip("\n").rsplit("\n\n\n", 1)
+        name = prompt.id.rsplit(".", 1)[1]
+        first = body.splitlines()[0]
+        assert first.startswith(f"def {name}") and first[len(f"def {name}")] in " ("
+        # The header is the function's own first line under the new name.
+        assert header == f"def {name}_copy" + first[len(f"def {name}") :]
+
+
+def test_mixed_stream_keeps_each_workload_in_order() -> None:
+    he = [bench.Prompt(f"h{i}", "humaneval", "x") for i in range(5)]
+    cp = [bench.Prompt(f"c{i}", "copy", "y") for i in range(5)]
+    stream = A.mixed_stream(he, cp, seed=3)
+    assert sorted(p.id for p in stream) == sorted(p.id for p in he + cp)
+    assert [p for p in stream if p.source == "humaneval"] == he
+    assert [p.id for p in stream] != [p.id for p in he + cp]  # actually shuffled
+
+
+@pytest.fixture(scope="module")
+def regime() -> dict[str, Any]:
+    tokenizer = build_char_tokenizer()
+    target_model = build_llama(0, layers=2)
+    target = TargetModel(model=target_model, tokenizer=tokenizer)
+    drafters: list[Any] = [
+        ModelDrafter(perturbed_copy(target_model, 0.05, seed=1), name="tiny-draft"),
+        PromptLookupDrafter(),
+    ]
+    texts = [("humaneval", "def add(a, b):\n    return"), ("copy", "abc abc abc abc")]
+    stream = [
+        (bench.Prompt(f"tiny/{i}", source, text), tokenizer(text)["input_ids"])
+        for i, (source, text) in enumerate(texts)
+    ]
+    args = argparse.Namespace(window=None, exploration=0.3, max_new_tokens=6, no_progress=True)
+    return A.run_regime("greedy", target, drafters, stream, args)
+
+
+def test_regime_schema(regime: dict[str, Any]) -> None:
+    json.dumps(regime)
+    assert set(regime) == set(A.WORKLOADS)
+    for entry in regime.values():
+        fixed = entry["fixed"]
+        # 2 drafters x 3 gammas + plain, each drafter with dynamic gamma, the model drafter
+        # with the confidence stop.
+        assert len(fixed) == 2 * len(A.FIXED_GAMMAS) + 1 + 2 + 1, sorted(fixed)
+        assert "plain" in fixed and all(tps > 0 for tps in fixed.values())
+        assert entry["best_fixed"]["tokens_per_second"] == max(fixed.values())
+        assert set(entry["adaptive"]) == {f"adaptive-{s}" for s in A.SELECTORS}
+        for run in entry["adaptive"].values():
+            assert run["tokens_per_second"] > 0
+            assert run["beats_every_fixed"] == (run["vs_best_fixed"] > 1)
+            assert sum(run["arm_rounds"].values()) > 0
+
+
+def test_mixed_fixed_numbers_pool_both_workloads(regime: dict[str, Any]) -> None:
+    # A fixed configuration keeps no state between prompts, so its mixed-stream speed lies
+    # between its speeds on the two workloads.
+    for name, tps in regime["mixed"]["fixed"].items():
+        a, b = regime["humaneval"]["fixed"][name], regime["copy"]["fixed"][name]
+        assert min(a, b) - 0.01 <= tps <= max(a, b) + 0.01, name
+
+
+def test_targets_follow_the_numbers(regime: dict[str, Any]) -> None:
+    checks = A.check_targets({"greedy": regime})
+    assert set(checks) == {f"greedy/adaptive-{s}" for s in A.SELECTORS}
+    for key, verdict in checks.items():
+        run = regime["mixed"]["adaptive"][key.split("/")[1]]
+        assert verdict["beats_every_fixed_on_mixed"] == run["beats_every_fixed"]
+        ratios = [regime[w]["adaptive"][key.split("/")[1]]["vs_plain"] for w in A.WORKLOADS]
+        assert verdict["within_5pct_of_plain_or_faster"] == all(r >= 0.95 for r in ratios)
