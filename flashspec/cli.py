@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--selector",
-        choices=("ucb1", "thompson"),
-        default="ucb1",
-        help="how --adaptive chooses: ucb1 (default) or thompson",
+        choices=("thompson", "ucb1"),
+        default="thompson",
+        help="how --adaptive chooses: thompson (default) or ucb1",
     )
     gen.add_argument(
         "--dynamic-gamma",

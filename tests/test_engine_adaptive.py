@@ -128,15 +128,17 @@ class SlowWrongDrafter(Drafter):
         return Proposal(wrong.repeat(1, gamma))
 
 
-def test_falls_back_to_plain_decoding_when_drafting_does_not_pay() -> None:
+@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
+def test_falls_back_to_plain_decoding_when_drafting_does_not_pay(selector: str) -> None:
     target, _ = models("plain")
-    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4), bandit=BanditConfig(plain=True))
+    bandit = BanditConfig(selector=selector, plain=True, seed=0)  # type: ignore[arg-type]
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4), bandit=bandit)
     engine = SpeculativeEngine(
         config, [SlowWrongDrafter()], TargetModel(model=target, tokenizer=tokenizer())
     )
     result = engine.generate(PROMPTS[0], max_new_tokens=80, ignore_eos=True)
     arms = result.stats.arm_rounds
-    # A slow round earns ~40 tok/s, a plain one ~10x more: UCB1 gives the slow arm O(log t).
+    # A slow round earns ~40 tok/s, a plain one ~10x more: the slow arm gets O(log t) rounds.
     assert arms["plain"] >= 3 * arms["slow/gamma"], arms
     check_equal("plain", PROMPTS[0], result.tokens[0][:MAX_NEW])
 
