@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--selector",
-        choices=("thompson", "ucb1"),
-        default="thompson",
-        help="how --adaptive chooses: thompson (default) or ucb1",
+        choices=("ucb1", "thompson"),
+        default="ucb1",
+        help="how --adaptive chooses: ucb1 (default) or thompson",
     )
     gen.add_argument(
         "--dynamic-gamma",
