@@ -181,13 +181,15 @@ class TokenStream:
     """Iterator over ``StreamChunk`` as rounds commit; ``result`` is set once it is exhausted."""
 
     def __init__(
-        self,
-        rounds: Generator[list[StreamChunk], None, GenerationResult],
-        cancelled: set[int] | None = None,
+        self, rounds: Generator[list[StreamChunk], None, GenerationResult], generation: _Generation
     ) -> None:
         self._rounds = rounds
-        self._cancelled = cancelled if cancelled is not None else set()
+        self._generation = generation
         self.result: GenerationResult | None = None
+
+    def _decode_at_end(self) -> None:
+        # For generate(): nobody reads the text before the end unless a stop string needs it.
+        self._generation.live_text = any(self._generation.stops)
 
     def cancel(self, row: int) -> None:
         """Stop generating for ``row`` (e.g. its client went away).
@@ -198,7 +200,7 @@ class TokenStream:
         """
         if isinstance(row, bool) or not isinstance(row, int):
             raise TypeError(f"row must be an int, got {type(row).__name__}")
-        self._cancelled.add(row)
+        self._generation.cancelled.add(row)
 
     def __iter__(self) -> Iterator[StreamChunk]:
         try:
@@ -464,20 +466,18 @@ class SpeculativeEngine:
         Generation also ends at the target's context limit (``max_position_embeddings``):
         the row is truncated there with finish reason ``"context_limit"``.
         """
-        generation = self._prepare(
+        stream = self.stream(
             prompt,
             max_new_tokens,
-            input_ids,
-            attention_mask,
-            eos_token_id,
-            ignore_eos,
-            stop,
-            seed,
-            sampling,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            eos_token_id=eos_token_id,
+            ignore_eos=ignore_eos,
+            stop=stop,
+            seed=seed,
+            sampling=sampling,
         )
-        # Nobody reads the text before the end unless a stop string needs it.
-        generation.live_text = any(generation.stops)
-        stream = TokenStream(self._run(generation), generation.cancelled)
+        stream._decode_at_end()
         for _ in stream:
             pass
         assert stream.result is not None
@@ -512,7 +512,7 @@ class SpeculativeEngine:
             seed,
             sampling,
         )
-        return TokenStream(self._run(generation), generation.cancelled)
+        return TokenStream(self._run(generation), generation)
 
     # -- the loop -----------------------------------------------------------------------------
 
