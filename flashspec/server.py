@@ -881,6 +881,9 @@ def resolve_api_key(api_key: str | None) -> str | None:
     return api_key or os.environ.get(API_KEY_ENV) or None
 
 
+LISTEN_BACKLOG = 2048  # uvicorn's default
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` (``port`` 0: a free one), for uvicorn to listen on.
 
@@ -897,6 +900,10 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        # Listening now (uvicorn's own listen() later only resizes the backlog) means a client
+        # that connects as soon as the address is printed waits in the backlog while the app
+        # starts, instead of being refused.
+        sock.listen(LISTEN_BACKLOG)
     except OSError:
         sock.close()
         raise
