@@ -6,9 +6,10 @@ followed by its own header under a new name: the continuation largely copies the
 top-p 0.95).
 
 Fixed configurations: every (drafter, gamma) arm, plain decoding, each drafter with dynamic gamma
-and each model drafter with the confidence stop. Adaptive: every drafter with dynamic gamma plus
-plain decoding, chosen per round by UCB1 or Thompson sampling; each adaptive engine carries its
-selector through its workload's prompts in order, as a server would.
+and each model drafter with the confidence stop. Adaptive: every drafter plus plain decoding,
+chosen per round by the throughput model (which also picks the draft length), or by UCB1 or
+Thompson sampling (draft length by the +2/-1 heuristic); each adaptive engine carries what it
+learned through its workload's prompts in order, as a server would.
 
 One pass over the mixed stream runs, for each prompt, every fixed configuration (they keep no
 state between prompts, so their per-workload numbers are sums over the prompts of that
@@ -48,7 +49,7 @@ REGIMES: dict[str, SamplingConfig] = {
 WORKLOADS = ("humaneval", "copy", "mixed")
 FIXED_GAMMAS = (2, 4, 8)
 CONFIDENCE = 0.4  # HF's default threshold
-SELECTORS = ("ucb1", "thompson")
+SELECTORS = ("model", "ucb1", "thompson")
 
 
 # ---------------------------------------------------------------------------- the workloads
@@ -139,6 +140,7 @@ def build_configs(
     sampling: SamplingConfig,
     window: int | None,
     exploration: float,
+    selectors: tuple[str, ...] = SELECTORS,
 ) -> tuple[list[Config], dict[str, list[Config]]]:
     """Fixed configurations, and the adaptive ones per workload (a selector state each)."""
     fixed_config = FlashSpecConfig(
@@ -169,9 +171,11 @@ def build_configs(
     lookup = any(isinstance(d, PromptLookupDrafter) for d in drafters)
     context: Literal["none", "lookup"] = "lookup" if lookup else "none"
     for workload in WORKLOADS:
-        for kind in SELECTORS:
+        for kind in selectors:
+            # The bandits keep each drafter's draft length with the +2/-1 heuristic; the model
+            # chooses it itself.
             config = FlashSpecConfig(
-                sampling=_replace(sampling, dynamic_gamma=True),
+                sampling=_replace(sampling, dynamic_gamma=kind != "model"),
                 bandit=BanditConfig(
                     selector=kind,  # type: ignore[arg-type]
                     plain=True,
@@ -203,13 +207,16 @@ def run_regime(
 ) -> dict[str, Any]:
     """Every configuration over the mixed stream, interleaved per prompt."""
     fixed, adaptive = build_configs(
-        target, drafters, REGIMES[regime], args.window, args.exploration
+        target, drafters, REGIMES[regime], args.window, args.exploration, args.selectors
     )
     # Warm-up: first calls pay for allocator growth and lazy initialisation.
     for config in [*fixed, *(c for cs in adaptive.values() for c in cs)]:
         config.engine.generate(stream[0][1], max_new_tokens=8, ignore_eos=True, seed=0)
-        if config.engine.selector is not None and config.kind == "adaptive":
-            config.engine.selector.reset()
+        if config.kind == "adaptive":
+            for selector in config.engine.selectors:
+                selector.reset()
+            if config.engine.model is not None:
+                config.engine.model.reset()
     for position, (prompt, ids) in enumerate(
         bench.progress(stream, desc=f"adaptive [{regime}]", disable=args.no_progress)
     ):
@@ -251,12 +258,12 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
     return result
 
 
-def check_targets(regimes: dict[str, Any]) -> dict[str, Any]:
+def check_targets(regimes: dict[str, Any], selectors: tuple[str, ...]) -> dict[str, Any]:
     """Issue #6: >= 95% of the best fixed arm on each workload, above every fixed arm on the
     mixed stream, and never more than 5% slower than plain decoding."""
     checks: dict[str, Any] = {}
     for regime, workloads in regimes.items():
-        for selector in (f"adaptive-{s}" for s in SELECTORS):
+        for selector in (f"adaptive-{s}" for s in selectors):
             runs = {w: workloads[w]["adaptive"][selector] for w in WORKLOADS}
             checks[f"{regime}/{selector}"] = {
                 "at_least_95pct_of_best_fixed": all(
@@ -310,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown regime {regime!r}; choose from {', '.join(REGIMES)}")
         regimes[regime] = run_regime(regime, target, drafters, stream, args)
         report(regime, regimes[regime])
-    targets = check_targets(regimes)
+    targets = check_targets(regimes, args.selectors)
     data: dict[str, Any] = {
         "machine": machine,
         "kind": "adaptive",
@@ -328,7 +335,9 @@ def main(args: argparse.Namespace) -> int:
             "max_prompt_tokens": args.max_prompt_tokens,
             "window_size": args.window,
             "exploration": args.exploration,
-            "adaptive_arms": "each drafter with dynamic gamma (from 4) + plain decoding; "
+            "selectors": list(args.selectors),
+            "adaptive_arms": "each drafter + plain decoding; draft length chosen by the "
+            "throughput model (selector model) or the +2/-1 heuristic from 4 (ucb1, thompson); "
             "selection context: whether prompt lookup has a 2-gram match",
             "threads": torch.get_num_threads(),
             "quick": bool(args.quick),
@@ -357,6 +366,16 @@ def report(regime: str, workloads: dict[str, Any]) -> None:
                 f"  {name:<32} {run['tokens_per_second']:8.1f}  "
                 f"{run['vs_best_fixed']:.3f}x best fixed, {run['vs_plain']:.3f}x plain"
             )
+
+
+def _selector_list(text: str) -> tuple[str, ...]:
+    kinds = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [kind for kind in kinds if kind not in SELECTORS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give one or more of {', '.join(SELECTORS)}, separated by commas"
+        )
+    return kinds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -389,6 +408,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--regimes", default="greedy,sample", help="comma-separated: greedy, sample"
+    )
+    parser.add_argument(
+        "--selectors",
+        type=_selector_list,
+        default=SELECTORS,
+        help=f"comma-separated adaptive selectors (default {','.join(SELECTORS)})",
     )
     parser.add_argument(
         "--threads", type=_argtypes.positive_int, default=None, help="torch threads"

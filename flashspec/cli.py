@@ -77,13 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--adaptive",
         action="store_true",
         help="choose the drafter and draft length each round, online, among every drafter "
-        "(the draft model(s) and prompt lookup) and plain decoding; implies --dynamic-gamma",
+        "(the draft model(s) and prompt lookup) and plain decoding",
     )
     gen.add_argument(
         "--selector",
-        choices=("ucb1", "thompson"),
-        default="ucb1",
-        help="how --adaptive chooses: ucb1 (default) or thompson",
+        choices=("model", "ucb1", "thompson"),
+        default="model",
+        help="how --adaptive chooses: model (default; predicts each drafter's tokens/s from "
+        "its measured acceptance and cost, and picks the draft length too), or the bandits "
+        "ucb1 / thompson (with the --dynamic-gamma heuristic for the draft length)",
     )
     gen.add_argument(
         "--dynamic-gamma",
@@ -258,7 +260,7 @@ def build_engine(args: argparse.Namespace) -> Any:
                 top_p=args.top_p,
                 method=args.variant,
                 seed=args.seed,
-                dynamic_gamma=args.dynamic_gamma or args.adaptive,
+                dynamic_gamma=args.dynamic_gamma or (args.adaptive and args.selector != "model"),
                 confidence_threshold=args.confidence,
             ),
             bandit=BanditConfig(

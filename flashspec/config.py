@@ -155,8 +155,8 @@ class SamplingConfig:
         return self.method
 
 
-SelectorKind = Literal["ucb1", "thompson"]
-_SELECTORS = ("ucb1", "thompson")
+SelectorKind = Literal["model", "ucb1", "thompson"]
+_SELECTORS = ("model", "ucb1", "thompson")
 SelectionContext = Literal["none", "lookup"]
 _CONTEXTS = ("none", "lookup")
 
@@ -172,19 +172,24 @@ class BanditConfig:
     returns when one does. The choice depends only on past rounds, so output stays exact.
 
     Attributes:
-        selector: ``"ucb1"`` (mean + c * scale * sqrt(2 ln t / n)), the default, or
-            ``"thompson"`` (posterior sampling, Gaussian on tokens/s; see
-            ``ThompsonSelector``). On ``flashspec bench adaptive`` neither wins every workload;
-            UCB1's worst case is the milder one (Thompson can settle on a wrong arm early).
+        selector: ``"model"`` (the default; ``ThroughputModel``): predicts each arm's tokens per
+            second from a per-drafter acceptance posterior (Thompson-sampled) and measured
+            costs, and also chooses the draft length of every arm whose gamma is not fixed
+            (``gammas=None``), in [1, ``SamplingConfig.max_gamma``]. ``"ucb1"`` (mean + c *
+            scale * sqrt(2 ln t / n)) and ``"thompson"`` (posterior sampling, Gaussian on
+            tokens/s; see ``ThompsonSelector``) learn each arm's tokens/s from the rounds'
+            rewards alone, and leave the draft length to ``SamplingConfig`` (fixed, or
+            ``dynamic_gamma``). ``flashspec bench adaptive`` compares the three.
         exploration: the constant c of UCB1. Rewards are divided by the largest single-round
             reward seen, which sits far above the arms' means (one fully accepted round of
             prompt lookup emits many times the tokens of an average one), so the textbook
             c = 1 explores almost round-robin over a few hundred rounds; 0.3 is the default.
         window_size: if set, only the last ``window_size`` rounds count (adapts to drift, e.g.
-            a stream of prompts of different kinds).
+            a stream of prompts of different kinds). For ``"model"``: the draft positions each
+            acceptance estimate keeps (default 256).
         gammas: draft lengths to choose among (each >= 1); None: ``SamplingConfig.gamma`` alone.
         plain: add the plain-decoding arm (gamma 0).
-        seed: seed of the Thompson selector's own random source (never the generation's).
+        seed: seed of the selector's own random source (never the generation's).
         context: ``"lookup"`` keeps separate statistics for rounds in which a prompt-lookup
             drafter finds an n-gram match and rounds in which it finds none (and could only
             draft nothing): which arm pays differs a lot between the two, and whether there is
@@ -192,7 +197,7 @@ class BanditConfig:
             ``PromptLookupDrafter`` among the drafters. ``"none"``: one set of statistics.
     """
 
-    selector: SelectorKind = "ucb1"
+    selector: SelectorKind = "model"
     exploration: float = 0.3
     window_size: int | None = None
     gammas: tuple[int, ...] | None = None

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import torch
 
-from .bandit import Selector, make_selector
+from .bandit import Selector, SelectorKind, make_selector
 from .config import FlashSpecConfig, SamplingConfig
 from .drafters import (
     DraftContext,
@@ -51,6 +51,7 @@ from .models import (
     check_same_vocabulary,
 )
 from .sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
+from .throughput import DEFAULT_MEMORY, ThroughputModel, expected_counts
 
 Prompt = str | Sequence[str] | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
 Stop = str | Sequence[str] | Sequence[str | Sequence[str] | None] | None
@@ -245,6 +246,7 @@ class _Generation:
     sampling: SamplingConfig
     warper: Warper
     arm_gammas: list[int]  # current draft length of each arm (changes with dynamic_gamma)
+    last_full: bool = False  # the last round with drafts had every draft accepted
     cancelled: set[int] = field(default_factory=set)  # batch rows; filled by TokenStream.cancel
     stats: GenerationStats = field(default_factory=GenerationStats)
 
@@ -281,9 +283,13 @@ class SpeculativeEngine:
     Attributes:
         arms: every drafter with every gamma of ``config.bandit.gammas``, then plain decoding
             if ``config.bandit.plain``. The selector's arm i is ``arms[i]``.
-        selector: the selector (None with a single arm).
-        selectors: the selectors in use: ``[selector]``, or with ``config.bandit.context ==
-            "lookup"`` one for rounds without a prompt-lookup match and one for rounds with one.
+        selector: the bandit selector (None with a single arm or with ``model``).
+        selectors: the bandit selectors in use: ``[selector]``, or with
+            ``config.bandit.context == "lookup"`` one for rounds without a prompt-lookup match
+            and one for rounds with one.
+        model: the ``ThroughputModel`` choosing arms and draft lengths when
+            ``config.bandit.selector == "model"`` (the default) and there is more than one arm
+            and no ``selector`` was passed; else None.
 
     Raises:
         ValueError: a model drafter with another vocabulary than the target's, or on another
@@ -330,9 +336,23 @@ class SpeculativeEngine:
         ]
         if bandit.plain:
             arms.append(Arm(None, 0, "plain"))
-        if selector is None and len(arms) > 1:
+        model: ThroughputModel | None = None
+        # A selector passed in beside the default "model" kind gets UCB1 twins (context).
+        kind: SelectorKind = "ucb1" if bandit.selector == "model" else bandit.selector
+        if selector is None and len(arms) > 1 and bandit.selector == "model":
+            # Two states per context: after a fully accepted round and after any other.
+            model = ThroughputModel(
+                [(arm.drafter, arm.gamma) for arm in arms],
+                len(drafter_list),
+                default_gamma=config.sampling.gamma,
+                max_gamma=config.sampling.max_gamma,
+                n_states=4 if bandit.context == "lookup" else 2,
+                memory=bandit.window_size or DEFAULT_MEMORY,
+                seed=bandit.seed,
+            )
+        elif selector is None and len(arms) > 1:
             selector = make_selector(
-                bandit.selector,
+                kind,
                 len(arms),
                 window_size=bandit.window_size,
                 exploration=bandit.exploration,
@@ -346,8 +366,8 @@ class SpeculativeEngine:
         # Kept across generations: what paid on the last prompts is the best prior for the
         # next (a window forgets it when the workload changes).
         selectors = [] if selector is None else [selector]
-        self._lookup: PromptLookupDrafter | None = None
-        if bandit.context == "lookup" and selectors:
+        self._probe_ngram: int | None = None
+        if bandit.context == "lookup" and (selectors or model is not None):
             lookups = [d for d in drafter_list if isinstance(d, PromptLookupDrafter)]
             if not lookups:
                 raise ValueError(
@@ -355,26 +375,25 @@ class SpeculativeEngine:
                     "drafters (e.g. drafters=[..., 'prompt_lookup']), or use context='none'"
                 )
             # A one-token match exists almost always in code; two tokens say "copying now".
-            first = lookups[0]
-            self._lookup = PromptLookupDrafter(
-                max_ngram=max(2, first.max_ngram), min_ngram=max(2, first.min_ngram)
-            )
-            # selectors[0]: rounds without an n-gram match; selectors[1]: rounds with one.
-            selectors.append(
-                make_selector(
-                    bandit.selector,
-                    len(arms),
-                    window_size=bandit.window_size,
-                    exploration=bandit.exploration,
-                    seed=None if bandit.seed is None else bandit.seed + 1,
+            self._probe_ngram = max(2, lookups[0].min_ngram)
+            if selectors:
+                # selectors[0]: rounds without an n-gram match; selectors[1]: rounds with one.
+                selectors.append(
+                    make_selector(
+                        kind,
+                        len(arms),
+                        window_size=bandit.window_size,
+                        exploration=bandit.exploration,
+                        seed=None if bandit.seed is None else bandit.seed + 1,
+                    )
                 )
-            )
         self.config = config
         self.drafters = drafter_list
         self.target = target
         self.arms = arms
         self.selectors: list[Selector] = selectors
         self.selector = selector
+        self.model = model
         sampling = config.sampling
         self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
         self._owner: object | None = None
@@ -555,17 +574,24 @@ class SpeculativeEngine:
         # 0. choose the arm: a drafter and its draft length, or plain decoding. Drafts beyond
         # room - 1 could never be emitted (the round adds one token of its own), and a round
         # that can emit one token is plain whatever is chosen, so it teaches the selector nothing.
+        model = self.model if room > 1 else None
         selector = self.selectors[self._context(gen)] if self.selectors and room > 1 else None
-        index = selector.select() if selector is not None else 0
+        state = 0
+        if model is not None:
+            state = 2 * self._context(gen) + gen.last_full
+            index, gamma = model.choose(state, len(gen.live), room - 1)
+        else:
+            index = selector.select() if selector is not None else 0
+            gamma = min(gen.arm_gammas[index], room - 1)
         arm = self.arms[index]
         # The first round also prefills the prompt, whichever arm runs it: it teaches the
         # selector nothing, and every drafter prefills in it too, so that a drafter chosen
         # later is not charged for its prompt.
-        learn = selector is not None and self.target.cached > 0
-        if selector is not None and not learn:
+        choosing = selector is not None or model is not None
+        learn = choosing and self.target.cached > 0
+        if choosing and not learn:
             for each in self.drafters:
                 each.prefill(self._draft_context(gen, each))
-        gamma = min(gen.arm_gammas[index], room - 1)
 
         # 1. draft
         if arm.drafter is not None and gamma > 0:
@@ -606,8 +632,11 @@ class SpeculativeEngine:
         stats.accepted += sum(m + (row[g + 1] > m) for row in host)
         stats.emitted += (m + 1) * live_rows
         stats.arm_rounds[arm.label] = stats.arm_rounds.get(arm.label, 0) + 1
+        if g:
+            gen.last_full = m == g
         if (
-            gen.sampling.dynamic_gamma
+            model is None
+            and gen.sampling.dynamic_gamma
             and arm.drafter is not None
             and gamma == gen.arm_gammas[index]
         ):
@@ -620,7 +649,10 @@ class SpeculativeEngine:
         # 5. stop and stream
         chunks = self._finish_rows(gen, [[*row[:m], row[g]] for row in host])
         end = time.perf_counter()
-        if learn and selector is not None:
+        if learn and model is not None:
+            counts = expected_counts(acceptance.probability, gamma)
+            model.observe(state, arm.drafter, g, counts, drafted_at - start, end - drafted_at)
+        elif learn and selector is not None:
             # Tokens per second of this round's wall time: what the choice bought, including
             # the drafting it cost. Counted before stopping, which is not the arm's doing.
             selector.update(index, (m + 1) * live_rows / max(end - start, 1e-9))
@@ -633,10 +665,9 @@ class SpeculativeEngine:
     def _context(self, gen: _Generation) -> int:
         """Which selector decides this round: 1 if prompt lookup has a match (context
         'lookup'), else 0. Reads committed tokens only, so the choice stays exact."""
-        if self._lookup is None or len(self.selectors) < 2:
+        if self._probe_ngram is None:
             return 0
-        probe = self._lookup.propose(self._draft_context(gen, self._lookup), 1)
-        return 1 if probe.count else 0
+        return int(_has_ngram_match(gen.tokens, gen.padding.left, self._probe_ngram))
 
     def _draft_context(self, gen: _Generation, drafter: Drafter) -> DraftContext:
         warper = (
@@ -960,6 +991,22 @@ class SpeculativeEngine:
             if isinstance(value, int) and 0 <= value < self.target.vocab_size:
                 return value
         return 0
+
+
+def _has_ngram_match(tokens: torch.Tensor, left: torch.Tensor, n: int) -> bool:
+    """Whether any row's last n tokens occur earlier in the row, after its padding, with a
+    token after them: exactly when ``PromptLookupDrafter(min_ngram=n)`` would draft (a longer
+    match ends in an n-token one). One pass of n comparisons instead of the drafter's search."""
+    length = tokens.shape[1]
+    if length < n + 1:
+        return False
+    windows = length - n  # window j covers columns j .. j+n-1 and ends before the suffix
+    hit = tokens[:, :windows] == tokens[:, windows : windows + 1]
+    for k in range(1, n):
+        hit &= tokens[:, k : k + windows] == tokens[:, windows + k : windows + k + 1]
+    columns = torch.arange(windows, device=tokens.device)
+    hit &= columns.unsqueeze(0) >= left.unsqueeze(1)
+    return bool(hit.any())
 
 
 def _empty(tokens: torch.Tensor) -> Proposal:

@@ -201,10 +201,14 @@ class Acceptance:
     Attributes:
         accepted: (B,) drafts each row would accept on its own (leading run).
         token: (B,) the token every row emits after the first ``min(accepted)`` drafts.
+        probability: (B, g) the probability with which each draft was accepted given the drafts
+            before it (``min(1, p/q)``; 0 or 1 for the deterministic rules). Adaptive selection
+            learns from it: it is the coin flip's expectation, so far less noisy than the flip.
     """
 
     accepted: torch.Tensor
     token: torch.Tensor
+    probability: torch.Tensor
 
 
 def _leading_run(ok: torch.Tensor) -> torch.Tensor:
@@ -231,8 +235,9 @@ def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> Acceptan
     # max().indices: same first-maximum rule as argmax, about twice as fast on CPU.
     best = target_logits.max(dim=-1).indices  # (B, g + 1)
     g = drafts.shape[1]
-    accepted = _leading_run(drafts == best[:, :g])
-    return Acceptance(accepted=accepted, token=_at(best, accepted.min()))
+    ok = drafts == best[:, :g]
+    accepted = _leading_run(ok)
+    return Acceptance(accepted=accepted, token=_at(best, accepted.min()), probability=ok.double())
 
 
 def accept_rejection(
@@ -259,9 +264,12 @@ def accept_rejection(
     p_draft = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
     if q is None:
         ok = u[:, :g] < p_draft  # q(d) = 1
+        probability = p_draft.double()
     else:
         q_draft = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
         ok = u[:, :g] * q_draft < p_draft
+        # q(d) > 0 for a draft sampled from q; the floor only guards a hand-made proposal.
+        probability = (p_draft.double() / q_draft.double().clamp_min(1e-300)).clamp(max=1.0)
     accepted = _leading_run(ok)
     m = accepted.min()
 
@@ -275,9 +283,9 @@ def accept_rejection(
         q_m = _at(q, m.clamp(max=g - 1)) * (m < g)
     residual = residual_sample(p_m, q_m, u[:, g], backend).to(p.device)
     if g == 0:
-        return Acceptance(accepted=accepted, token=residual)
+        return Acceptance(accepted=accepted, token=residual, probability=probability)
     token = torch.where(accepted > m, _draft_at(drafts, m), residual)
-    return Acceptance(accepted=accepted, token=token)
+    return Acceptance(accepted=accepted, token=token, probability=probability)
 
 
 def accept_typical(
@@ -296,14 +304,17 @@ def accept_typical(
     p_draft = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
     entropy = -torch.special.xlogy(p[:, :g], p[:, :g]).sum(dim=-1)
     threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
-    accepted = _leading_run(p_draft > threshold)
+    ok = p_draft > threshold
+    accepted = _leading_run(ok)
     m = accepted.min()
     u = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
     fresh = sample_inverse_cdf(_at(p, m), u)
     if g == 0:
-        return Acceptance(accepted=accepted, token=fresh)
+        return Acceptance(accepted=accepted, token=fresh, probability=ok.double())
     return Acceptance(
-        accepted=accepted, token=torch.where(accepted > m, _draft_at(drafts, m), fresh)
+        accepted=accepted,
+        token=torch.where(accepted > m, _draft_at(drafts, m), fresh),
+        probability=ok.double(),
     )
 
 

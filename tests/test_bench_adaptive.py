@@ -49,7 +49,9 @@ def regime() -> dict[str, Any]:
         (bench.Prompt(f"tiny/{i}", source, text), tokenizer(text)["input_ids"])
         for i, (source, text) in enumerate(texts)
     ]
-    args = argparse.Namespace(window=None, exploration=0.3, max_new_tokens=6, no_progress=True)
+    args = argparse.Namespace(
+        window=None, exploration=0.3, max_new_tokens=6, no_progress=True, selectors=A.SELECTORS
+    )
     return A.run_regime("greedy", target, drafters, stream, args)
 
 
@@ -79,10 +81,17 @@ def test_mixed_fixed_numbers_pool_both_workloads(regime: dict[str, Any]) -> None
 
 
 def test_targets_follow_the_numbers(regime: dict[str, Any]) -> None:
-    checks = A.check_targets({"greedy": regime})
+    checks = A.check_targets({"greedy": regime}, A.SELECTORS)
     assert set(checks) == {f"greedy/adaptive-{s}" for s in A.SELECTORS}
     for key, verdict in checks.items():
         run = regime["mixed"]["adaptive"][key.split("/")[1]]
         assert verdict["beats_every_fixed_on_mixed"] == run["beats_every_fixed"]
         ratios = [regime[w]["adaptive"][key.split("/")[1]]["vs_plain"] for w in A.WORKLOADS]
         assert verdict["within_5pct_of_plain_or_faster"] == all(r >= 0.95 for r in ratios)
+
+
+def test_selector_list_option() -> None:
+    assert A._selector_list("model, ucb1,model") == ("model", "ucb1")
+    for bad in ("", "eps", "model,eps"):
+        with pytest.raises(argparse.ArgumentTypeError, match="one or more of model"):
+            A._selector_list(bad)

@@ -228,3 +228,112 @@ def test_bad_bandit_config() -> None:
             TargetModel(model=target),
             UCB1Selector(n_arms=2),
         )
+
+
+# ------------------------------------------------------------------- the throughput model
+
+
+def model_engine(kind: str, context: str = "none", seed: int = 0) -> SpeculativeEngine:
+    target, draft = models(kind)
+    bandit = BanditConfig(plain=True, seed=seed, context=context)  # type: ignore[arg-type]
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3, max_gamma=10), bandit=bandit)
+    drafters: list[Drafter] = [ModelDrafter(draft, name="draft"), PromptLookupDrafter()]
+    return SpeculativeEngine(
+        config, drafters, TargetModel("tiny", model=target, tokenizer=tokenizer())
+    )
+
+
+def test_model_is_the_default_selection() -> None:
+    engine = model_engine("plain")
+    assert engine.model is not None and engine.selector is None and not engine.selectors
+    assert [arm.label for arm in engine.arms] == ["draft/gamma", "prompt_lookup/gamma", "plain"]
+
+
+@pytest.mark.parametrize("context", ["none", "lookup"])
+@pytest.mark.parametrize(("kind", "batch"), [("plain", 1), ("loopy", 1), ("loopy", 4)])
+def test_greedy_with_model_selection_equals_target_generate(
+    kind: str, batch: int, context: str
+) -> None:
+    engine = model_engine(kind, context)
+    ties = 0
+    arms: Counter[str] = Counter()
+    lengths: set[int] = set()
+    for start in range(0, len(PROMPTS), batch):
+        group = PROMPTS[start : start + batch]
+        result = engine.generate(group if batch > 1 else group[0], max_new_tokens=MAX_NEW)
+        arms.update(result.stats.arm_rounds)
+        lengths.add(result.stats.drafted // max(result.stats.row_rounds, 1))
+        for prompt, tokens in zip(group, result.tokens, strict=True):
+            ties += check_equal(kind, prompt, tokens)
+    assert ties <= 2
+    # An unmeasured drafter counts as free, so each drafter was tried.
+    assert arms["draft/gamma"] > 0 and arms["prompt_lookup/gamma"] > 0, arms
+    assert engine.model is not None and engine.model.rounds > 0
+
+
+@pytest.mark.parametrize("context", ["none", "lookup"])
+def test_sampling_with_model_selection_follows_target(context: str) -> None:
+    target, draft = dist_models()
+    bandit = BanditConfig(plain=True, seed=1, context=context)  # type: ignore[arg-type]
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=3, temperature=0.7, top_p=0.9), bandit=bandit
+    )
+    engine = SpeculativeEngine(
+        config, [ModelDrafter(draft), PromptLookupDrafter()], TargetModel(model=target)
+    )
+    first, second = sample_two(engine, 1500, 50, seed=11)
+    p_first, p_second = exact(0.7, 0.9)
+    for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
+        stat, critical = chi_squared(counts, p)
+        assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"
+    assert engine.model is not None and engine.model.rounds > 0
+
+
+def test_model_falls_back_to_plain_decoding_when_drafting_does_not_pay() -> None:
+    target, _ = models("plain")
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=4), bandit=BanditConfig(plain=True, seed=0)
+    )
+    engine = SpeculativeEngine(
+        config, [SlowWrongDrafter()], TargetModel(model=target, tokenizer=tokenizer())
+    )
+    result = engine.generate(PROMPTS[0], max_new_tokens=80, ignore_eos=True)
+    arms = result.stats.arm_rounds
+    # Its acceptance is learned to be ~0 within a few rounds; then only posterior draws near
+    # the top of a Beta(1, 1 + n) could ever pick it again.
+    assert arms["plain"] >= 10 * arms["slow/gamma"], arms
+    check_equal("plain", PROMPTS[0], result.tokens[0][:MAX_NEW])
+
+
+def test_model_drafts_long_when_every_draft_is_accepted() -> None:
+    engine, continuation = oracle_engine(dynamic=False, gamma=2, max_gamma=8)
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=2, max_gamma=8), bandit=BanditConfig(plain=True, seed=0)
+    )
+    engine = SpeculativeEngine(config, engine.drafters, engine.target)
+    result = engine.generate(PROMPTS[0], max_new_tokens=60, ignore_eos=True)
+    assert result.tokens[0] == continuation[:60]
+    # Fixed gamma 2 needs 20 rounds; the model learns acceptance ~1 and drafts 8 (9 tokens a
+    # round), apart from the prefill, a plain round or two and the first, default-length one.
+    assert result.stats.rounds <= 11, result.stats
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
+    from flashspec.engine import _has_ngram_match
+    from flashspec.models import Padding
+    from flashspec.sampling import Warper
+
+    drafter = PromptLookupDrafter(min_ngram=n, max_ngram=n + 1)
+    generator = torch.Generator().manual_seed(n)
+    seen = Counter()
+    for trial in range(300):
+        rows, length = 1 + trial % 3, 2 + trial % 12
+        # A 3-token vocabulary, so that matches are common but not certain.
+        tokens = torch.randint(0, 3, (rows, length), generator=generator)
+        left = torch.randint(0, length, (rows,), generator=generator) * (trial % 2)
+        ctx = DraftContext(tokens, Padding(left), Warper(0.0, None, None), None)
+        expected = drafter.propose(ctx, 1).count > 0
+        assert _has_ngram_match(tokens, left, n) == expected, (tokens, left)
+        seen[expected] += 1
+    assert seen[True] > 30 and seen[False] > 30, seen

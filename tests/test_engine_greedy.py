@@ -127,7 +127,8 @@ def test_greedy_with_two_drafters_and_bandit() -> None:
     result = engine.generate(PROMPTS[:4], max_new_tokens=MAX_NEW)
     for prompt, tokens in zip(PROMPTS[:4], result.tokens, strict=True):
         check_equal("loopy", prompt, tokens)
-    assert engine.selector is not None and sum(engine.selector.counts) > 0
+    # Two arms: the default selection (the throughput model) chose among them.
+    assert engine.model is not None and engine.model.rounds > 0
 
 
 def test_greedy_confidence_stop_keeps_output() -> None:

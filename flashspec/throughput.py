@@ -1,0 +1,323 @@
+"""Choosing each round's arm and draft length from a model of what a round costs and yields.
+
+The bandit selectors (``flashspec.bandit``) learn each arm's tokens per second from the rounds'
+rewards alone. Under sampling those rewards are noisy (one round emits one token, the next five),
+so telling apart two drafters 10% apart takes hundreds of rounds, and every draft length is an
+arm of its own. ``ThroughputModel`` predicts a round instead, from parts that are each easy to
+measure:
+
+* A round of drafter d with draft length g over B rows in lockstep emits, in expectation,
+  ``B * (1 + sum_{k=1..g} prod_{i<=k} a_i ** B)`` tokens, where a_i is the probability that
+  draft i is accepted once drafts 1..i-1 were (the batch advances by its slowest row).
+  Acceptance comes in runs (a copied span, boilerplate), so a_i grows with i; a single rate
+  for every position would undervalue long drafts.
+* It costs ``c_d * g + v(g + 1)`` seconds: c_d is the drafter's measured cost per draft and
+  ``v(n)`` the target side of a round that verifies n tokens (forward, acceptance, commit),
+  a line fitted to every round. Plain decoding is g = 0: ``B / v(1)`` tokens per second.
+
+Each a_i is a Beta posterior per drafter, state and position. Its counts are expected: the
+probability with which the verifier accepted each draft (``min(1, p/q)`` under sampling, 0 or 1
+under greedy), weighted by the probability that the run reached it, rather than the coin flip
+itself, which removes most of the noise of sampled rounds. A position's prior is centred on the
+estimate of the position before it (position 1: on the drafter's estimate over all states), so
+positions never drafted yet inherit what is known and the model dares longer drafts. The state
+is the selection context (whether prompt lookup has a match) and whether the previous round's
+drafts were all accepted: runs of acceptance span rounds too.
+
+Each round draws every a_i from its posterior (Thompson sampling) and takes the arm and draft
+length with the largest predicted tokens per second. The choice depends on past rounds and on the
+model's own random source only, never on the generation's, so the output stays exact.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+DEFAULT_MEMORY = 512
+"""Evidence each acceptance posterior keeps, in expected draft positions (older counts are
+scaled down), so the estimates follow a workload that changes."""
+
+PRIOR_STRENGTH = 8.0
+"""Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
+docstring): enough to carry an estimate to a position not drafted yet, soon outweighed."""
+
+_COST_WEIGHT = 0.1  # weight of a new measurement in a drafter's cost per draft (EMA)
+_LINE_DECAY = 0.98  # per-round decay of the verification-cost fit: ~50 rounds of memory
+_MIN_SPREAD = 0.25  # variance of the verified lengths below which the slope is not fitted
+_MIN_SECONDS = 1e-6  # floor of a predicted round time
+
+
+class _CostLine:
+    """Exponentially weighted least-squares line ``seconds = a + b * n`` (b >= 0)."""
+
+    def __init__(self) -> None:
+        self.weight = self.n = self.nn = self.t = self.nt = 0.0
+
+    def add(self, n: int, seconds: float) -> None:
+        d = _LINE_DECAY
+        self.weight = self.weight * d + 1.0
+        self.n = self.n * d + n
+        self.nn = self.nn * d + n * n
+        self.t = self.t * d + seconds
+        self.nt = self.nt * d + n * seconds
+
+    @property
+    def known(self) -> bool:
+        return self.weight > 0.0
+
+    def __call__(self, n: int) -> float:
+        mean_n = self.n / self.weight
+        mean_t = self.t / self.weight
+        spread = self.nn / self.weight - mean_n * mean_n
+        # With (nearly) one length seen the slope is unknown: flat, i.e. optimistic about longer
+        # drafts, which the next rounds then measure.
+        slope = 0.0 if spread < _MIN_SPREAD else (self.nt / self.weight - mean_n * mean_t) / spread
+        return max(mean_t + max(slope, 0.0) * (n - mean_n), _MIN_SECONDS)
+
+
+def expected_counts(probability: torch.Tensor, requested: int) -> tuple[list[float], list[float]]:
+    """Expected tried and accepted drafts per position of one round, summed over rows.
+
+    Args:
+        probability: (B, g) the probability with which the verifier accepted each draft given
+            the drafts before it.
+        requested: the draft length asked of the drafter; a drafter that proposed fewer
+            (prompt lookup without a long enough match, the confidence stop) is charged a
+            rejection at the first position it left empty, so a drafter that has nothing to
+            propose in some state is learned to be worthless there.
+
+    Returns:
+        ``(tried, accepted)``, one entry per position: position i is tried when the drafts
+        before it were all accepted.
+    """
+    rows, g = probability.shape
+    if g == 0:
+        return ([float(rows)], [0.0]) if requested > 0 else ([], [])
+    reach = torch.cumprod(probability.to(torch.float64), dim=1).sum(dim=0)  # P(1..k accepted)
+    accepted: list[float] = reach.tolist()
+    tried = [float(rows), *accepted[:-1]]
+    if g < requested:
+        tried.append(accepted[-1])
+        accepted.append(0.0)
+    return tried, accepted
+
+
+class ThroughputModel:
+    """Picks the arm and draft length with the largest predicted tokens per second.
+
+    Args:
+        arms: ``(drafter, gamma)`` per arm, as ``SpeculativeEngine.arms``: drafter None is
+            plain decoding; gamma None lets the model choose the draft length in
+            ``[1, max_gamma]``.
+        n_drafters: number of drafters (arms index them).
+        default_gamma: draft length of a drafter's rounds until its cost has been measured.
+        max_gamma: longest draft length the model chooses.
+        n_states: number of states (``state`` of ``choose``/``observe``) with separate
+            acceptance estimates.
+        memory: expected draft positions each acceptance posterior keeps.
+        seed: seed of the model's own random source (Thompson draws).
+    """
+
+    def __init__(
+        self,
+        arms: Sequence[tuple[int | None, int | None]],
+        n_drafters: int,
+        *,
+        default_gamma: int = 4,
+        max_gamma: int = 16,
+        n_states: int = 1,
+        memory: int = DEFAULT_MEMORY,
+        seed: int | None = None,
+    ) -> None:
+        if not arms:
+            raise ValueError("arms is empty; pass at least one (drafter, gamma) pair")
+        for drafter, gamma in arms:
+            if drafter is not None and not 0 <= drafter < n_drafters:
+                raise ValueError(f"arm drafter {drafter} is not in [0, {n_drafters})")
+            if gamma is not None and gamma < 0:
+                raise ValueError(f"arm gamma must be None or >= 0, got {gamma}")
+        for name, value in (
+            ("default_gamma", default_gamma),
+            ("max_gamma", max_gamma),
+            ("n_states", n_states),
+            ("memory", memory),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.arms = list(arms)
+        self.n_drafters = n_drafters
+        self.default_gamma = default_gamma
+        self.max_gamma = max_gamma
+        self.n_states = n_states
+        self.memory = memory
+        # Positions tracked: as long as the longest draft any arm can ask for.
+        self.positions = max([max_gamma, default_gamma, *(g or 0 for _, g in self.arms)])
+        self._seed = seed
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything learned (costs, acceptance) and reseed."""
+        self._rng = random.Random(self._seed)
+        shape = (self.n_states, self.n_drafters)
+        self._tried = [[[0.0] * self.positions for _ in range(shape[1])] for _ in range(shape[0])]
+        self._accepted = [
+            [[0.0] * self.positions for _ in range(shape[1])] for _ in range(shape[0])
+        ]
+        self._draft_cost: list[float | None] = [None] * self.n_drafters
+        self._line = _CostLine()
+        self._cache: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self.rounds = 0
+
+    # ------------------------------------------------------------------------------ queries
+
+    def _posteriors(self, state: int, drafter: int) -> list[tuple[float, float]]:
+        """Beta parameters per position, each prior centred on the position before it."""
+        cached = self._cache.get((state, drafter))
+        if cached is not None:
+            return cached
+        first_tried = sum(self._tried[s][drafter][0] for s in range(self.n_states))
+        first_accepted = sum(self._accepted[s][drafter][0] for s in range(self.n_states))
+        centre = (1.0 + first_accepted) / (2.0 + first_tried)
+        tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
+        params: list[tuple[float, float]] = []
+        for n, a in zip(tried, accepted, strict=True):
+            alpha = max(PRIOR_STRENGTH * centre + a, 1e-3)
+            beta = max(PRIOR_STRENGTH * (1.0 - centre) + n - a, 1e-3)
+            params.append((alpha, beta))
+            centre = alpha / (alpha + beta)
+        self._cache[(state, drafter)] = params
+        return params
+
+    def acceptance(self, state: int, drafter: int, position: int = 1) -> float:
+        """Posterior mean of the probability that draft ``position`` (1-based) is accepted
+        once the drafts before it were, in ``state``."""
+        alpha, beta = self._posteriors(state, drafter)[position - 1]
+        return alpha / (alpha + beta)
+
+    def draft_cost(self, drafter: int) -> float | None:
+        """Measured seconds per draft (None before the drafter's first measured round)."""
+        return self._draft_cost[drafter]
+
+    def predict(
+        self, drafter: int | None, gamma: int, acceptance: float | Sequence[float], rows: int = 1
+    ) -> float:
+        """Predicted tokens per second of a round (after at least one observed round).
+
+        Args:
+            drafter: the drafter (None: plain decoding).
+            gamma: draft length.
+            acceptance: per-position acceptance probabilities (at least ``gamma``), or one for
+                every position.
+            rows: live rows of the batch.
+        """
+        if not self._line.known:
+            raise RuntimeError("predict needs at least one observed round")
+        if drafter is None or gamma == 0:
+            return rows / self._line(1)
+        rates = [acceptance] * gamma if isinstance(acceptance, (int, float)) else acceptance
+        tokens = self._tokens(rates, gamma, rows)[gamma]
+        return rows * tokens / ((self._draft_cost[drafter] or 0.0) * gamma + self._line(gamma + 1))
+
+    @staticmethod
+    def _tokens(rates: Sequence[float], limit: int, rows: int) -> list[float]:
+        """Expected tokens per row of a round for every draft length 0..limit."""
+        tokens = [1.0]
+        run = 1.0
+        for rate in rates[:limit]:
+            run *= rate**rows  # every row must accept: the batch moves in lockstep
+            tokens.append(tokens[-1] + run)
+        return tokens
+
+    def choose(self, state: int, rows: int = 1, max_gamma: int | None = None) -> tuple[int, int]:
+        """The next round's ``(arm index, draft length)``.
+
+        Args:
+            state: which acceptance estimates apply (``0 <= state < n_states``).
+            rows: live rows of the batch.
+            max_gamma: longest useful draft this round (the room left), at most ``max_gamma``.
+        """
+        limit = self.max_gamma if max_gamma is None else min(max_gamma, self.max_gamma)
+        if not self._line.known:
+            # Nothing measured yet: the first arm at its own or the default length.
+            drafter, gamma = self.arms[0]
+            return 0, self._length(drafter, gamma, limit)
+        verify = [self._line(n) for n in range(self.positions + 2)]  # by verified tokens
+        tokens: dict[int, list[float]] = {}
+        best_rate, best = -1.0, (0, 0)
+        for index, (drafter, gamma) in enumerate(self.arms):
+            if drafter is None or limit < 1:
+                rate = rows / verify[1]
+                if rate > best_rate:
+                    best_rate, best = rate, (index, 0)
+                continue
+            if drafter not in tokens:
+                draws = [
+                    self._rng.betavariate(a, b)
+                    for a, b in self._posteriors(state, drafter)[: self.positions]
+                ]
+                tokens[drafter] = self._tokens(draws, self.positions, rows)
+            if gamma is not None or self._draft_cost[drafter] is None:
+                # A drafter not yet measured runs at its default length: optimistic (cost 0)
+                # so that it is tried soon, without an overlong first draft.
+                candidates = [self._length(drafter, gamma, limit)]
+            else:
+                candidates = list(range(1, limit + 1))
+            cost = self._draft_cost[drafter] or 0.0
+            for g in candidates:
+                rate = rows * tokens[drafter][g] / (cost * g + verify[g + 1])
+                if rate > best_rate:
+                    best_rate, best = rate, (index, g)
+        return best
+
+    def _length(self, drafter: int | None, gamma: int | None, limit: int) -> int:
+        if drafter is None:
+            return 0
+        return max(0, min(self.default_gamma if gamma is None else gamma, limit))
+
+    # ------------------------------------------------------------------------------ learning
+
+    def observe(
+        self,
+        state: int,
+        drafter: int | None,
+        drafted: int,
+        counts: tuple[Sequence[float], Sequence[float]],
+        draft_seconds: float,
+        other_seconds: float,
+    ) -> None:
+        """Learn from one round.
+
+        Args:
+            state: the state the round was chosen in.
+            drafter: the round's drafter (None: plain decoding).
+            drafted: drafts proposed per row (g).
+            counts: ``expected_counts`` of the round: tried and accepted per position.
+            draft_seconds: wall time of drafting.
+            other_seconds: the rest of the round (verification, acceptance, commit).
+        """
+        self.rounds += 1
+        self._line.add(drafted + 1, other_seconds)
+        if drafter is None:
+            return
+        if drafted > 0:
+            per_draft = draft_seconds / drafted
+            old = self._draft_cost[drafter]
+            self._draft_cost[drafter] = (
+                per_draft if old is None else old + _COST_WEIGHT * (per_draft - old)
+            )
+        tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
+        # Every state's posteriors of this drafter start from its pooled position 1.
+        for each in range(self.n_states):
+            self._cache.pop((each, drafter), None)
+        for i, (n, a) in enumerate(zip(*counts, strict=True)):
+            if i >= self.positions:
+                break
+            tried[i] += n
+            accepted[i] += min(a, n)
+            if tried[i] > self.memory:
+                scale = self.memory / tried[i]
+                tried[i] *= scale
+                accepted[i] *= scale

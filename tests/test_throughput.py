@@ -1,0 +1,194 @@
+"""ThroughputModel: the model-based choice of arm and draft length (flashspec/throughput.py).
+
+References are independent of the implementation: expected counts by enumerating every
+accept/reject pattern, predictions by summing the geometric series term by term, the best draft
+length by brute force over the formula.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+from flashspec.throughput import ThroughputModel, expected_counts
+
+DRAFT_COST = 0.002  # seconds per draft
+VERIFY_BASE = 0.010  # seconds of a round's target side, plus ...
+VERIFY_PER_TOKEN = 0.001  # ... this per verified token
+
+
+def reference_counts(
+    probability: list[list[float]], requested: int
+) -> tuple[list[float], list[float]]:
+    """Sum over every accept/reject pattern of its probability times its per-position counts."""
+    g = len(probability[0])
+    width = g + (g < requested)
+    tried, accepted = [0.0] * width, [0.0] * width
+    for row in probability:
+        for pattern in itertools.product((True, False), repeat=g):
+            weight = math.prod(p if ok else 1.0 - p for p, ok in zip(row, pattern, strict=True))
+            run = next((i for i, ok in enumerate(pattern) if not ok), g)
+            # Positions 1..run+1 are tried, the first run accepted; a position past the last
+            # draft only exists when more were requested (and is never accepted).
+            for i in range(min(run + 1, width)):
+                tried[i] += weight
+            for i in range(run):
+                accepted[i] += weight
+    return tried, accepted
+
+
+@pytest.mark.parametrize(("rows", "g", "requested"), [(1, 1, 1), (1, 4, 4), (3, 5, 5), (2, 3, 6)])
+def test_expected_counts_equal_enumeration(rows: int, g: int, requested: int) -> None:
+    rng = random.Random(rows * 100 + g)
+    probability = [[rng.random() for _ in range(g)] for _ in range(rows)]
+    probability[0][0] = 1.0  # certain and impossible positions are covered too
+    if g > 1:
+        probability[-1][1] = 0.0
+    tried, accepted = expected_counts(torch.tensor(probability, dtype=torch.float64), requested)
+    want_tried, want_accepted = reference_counts(probability, requested)
+    assert tried == pytest.approx(want_tried, rel=1e-12, abs=1e-12)
+    assert accepted == pytest.approx(want_accepted, rel=1e-12, abs=1e-12)
+
+
+def test_expected_counts_of_an_empty_proposal() -> None:
+    # Asked for drafts, got none: one rejection per row at position 1. Plain decoding: nothing.
+    assert expected_counts(torch.zeros((2, 0)), 4) == ([2.0], [0.0])
+    assert expected_counts(torch.zeros((2, 0)), 0) == ([], [])
+
+
+def geometric_tokens(alpha: float, gamma: int) -> float:
+    return sum(alpha**k for k in range(gamma + 1))
+
+
+def trained(alphas: list[float], rounds: int = 300, seed: int = 0) -> ThroughputModel:
+    """A model fed rounds of exact costs and acceptances drawn with the given rates."""
+    n = len(alphas)
+    model = ThroughputModel([(d, None) for d in range(n)] + [(None, 0)], n, max_gamma=12, seed=seed)
+    rng = random.Random(seed)
+    for r in range(rounds):
+        drafter = r % (n + 1)
+        g = 0 if drafter == n else 1 + r % 8
+        probability = torch.tensor([[alphas[drafter]] * g if drafter < n else []])
+        model.observe(
+            0,
+            None if drafter == n else drafter,
+            g,
+            expected_counts(probability.reshape(1, g), g),
+            DRAFT_COST * g * (1 + 0.01 * rng.random()),
+            VERIFY_BASE + VERIFY_PER_TOKEN * (g + 1),
+        )
+    return model
+
+
+def test_predictions_follow_the_round_formula() -> None:
+    model = trained([0.6, 0.9])
+    for gamma in (1, 4, 9):
+        for alpha in (0.0, 0.5, 0.95):
+            seconds = DRAFT_COST * gamma + VERIFY_BASE + VERIFY_PER_TOKEN * (gamma + 1)
+            want = geometric_tokens(alpha, gamma) / seconds
+            assert model.predict(0, gamma, alpha) == pytest.approx(want, rel=0.02)
+    # A batch advances by its slowest row: alpha ** rows per position, rows tokens per step.
+    want = 3 * geometric_tokens(0.8**3, 4) / (DRAFT_COST * 4 + VERIFY_BASE + VERIFY_PER_TOKEN * 5)
+    assert model.predict(0, 4, 0.8, rows=3) == pytest.approx(want, rel=0.02)
+    plain = 1 / (VERIFY_BASE + VERIFY_PER_TOKEN)
+    assert model.predict(None, 0, 0.0) == pytest.approx(plain, rel=1e-6)
+
+
+def test_acceptance_estimates_converge() -> None:
+    model = trained([0.6, 0.9], rounds=900)
+    assert model.acceptance(0, 0) == pytest.approx(0.6, abs=0.03)
+    assert model.acceptance(0, 1) == pytest.approx(0.9, abs=0.03)
+    assert model.draft_cost(0) == pytest.approx(DRAFT_COST, rel=0.02)
+
+
+def test_choice_is_the_formula_argmax() -> None:
+    model = trained([0.7, 0.3], rounds=1200)
+    # Brute force over arms and lengths with the posterior means (the draws concentrate there).
+    best = max(
+        ((d, g) for d in (0, 1) for g in range(1, 13)),
+        key=lambda dg: (
+            geometric_tokens([0.7, 0.3][dg[0]], dg[1])
+            / (DRAFT_COST * dg[1] + VERIFY_BASE + VERIFY_PER_TOKEN * (dg[1] + 1))
+        ),
+    )
+    choices = [model.choose(0) for _ in range(200)]
+    arm, gamma = max(set(choices), key=choices.count)
+    assert (arm, gamma) == best or (arm == best[0] and abs(gamma - best[1]) <= 1), choices[:20]
+    assert sum(c[0] == best[0] for c in choices) >= 180
+
+
+def test_plain_when_no_drafter_pays_and_long_drafts_when_all_are_accepted() -> None:
+    hopeless = trained([0.02])
+    assert all(hopeless.choose(0) == (1, 0) for _ in range(50))
+    sure = trained([1.0])
+    assert all(sure.choose(0) == (0, 12) for _ in range(50))
+    assert sure.choose(0, max_gamma=3) == (0, 3)  # the room left caps the draft
+
+
+def test_an_unmeasured_drafter_is_tried_at_the_default_length() -> None:
+    model = ThroughputModel([(0, None), (1, None), (None, 0)], 2, default_gamma=5, seed=0)
+    assert model.choose(0) == (0, 5)  # nothing measured at all: the first arm
+    model.observe(0, None, 0, ([], []), 0.0, 0.01)
+    # Costs unknown count as free: a drafter is tried before plain decoding can win.
+    arm, gamma = model.choose(0)
+    assert arm in (0, 1) and gamma == 5
+
+
+def test_memory_bounds_the_evidence_and_follows_a_change() -> None:
+    model = ThroughputModel([(0, None), (None, 0)], 1, memory=64, seed=0)
+    for _ in range(200):
+        model.observe(0, 0, 4, expected_counts(torch.full((1, 4), 0.9), 4), 0.008, 0.015)
+    assert model.acceptance(0, 0) > 0.85
+    assert sum(model._tried[0][0]) <= 4 * 64 + 1e-9
+    for _ in range(100):
+        model.observe(0, 0, 4, expected_counts(torch.full((1, 4), 0.2), 4), 0.008, 0.015)
+    assert model.acceptance(0, 0) < 0.35
+
+
+def test_states_are_separate_and_positions_inherit_from_the_one_before() -> None:
+    model = ThroughputModel([(0, None)], 1, n_states=2, max_gamma=8)
+    for _ in range(50):
+        model.observe(1, 0, 2, ([1.0, 1.0], [1.0, 1.0]), 0.004, 0.015)
+    # State 0 has no counts of its own: its prior is the drafter's pooled position 1.
+    assert model.acceptance(1, 0) > 0.95 and model.acceptance(0, 0) > 0.9
+    # Position 5 was never drafted: it inherits the high rate of the positions before.
+    assert model.acceptance(1, 0, position=5) > 0.9
+    fresh = ThroughputModel([(0, None)], 1, n_states=2)
+    assert fresh.acceptance(0, 0) == pytest.approx(0.5)
+
+
+def test_rising_acceptance_makes_long_drafts_pay() -> None:
+    # The same first-draft rate, but acceptance that rises along the run (bursty text) makes
+    # the longest drafts the best, where a flat rate would not.
+    flat, rising = [0.6] * 12, [0.6] + [0.97] * 11
+    model = trained([0.6])
+    by_length = [model.predict(0, g, rising) for g in range(1, 13)]
+    assert max(range(12), key=by_length.__getitem__) >= 7
+    by_length = [model.predict(0, g, flat) for g in range(1, 13)]
+    assert max(range(12), key=by_length.__getitem__) < 6
+
+
+def test_same_seed_same_choices_and_reset() -> None:
+    a, b = trained([0.6, 0.65], seed=3), trained([0.6, 0.65], seed=3)
+    first = [a.choose(0) for _ in range(50)]
+    assert first == [b.choose(0) for _ in range(50)]
+    a.reset()
+    assert a.rounds == 0 and a.draft_cost(0) is None and a.acceptance(0, 0) == 0.5
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="arms is empty"):
+        ThroughputModel([], 1)
+    with pytest.raises(ValueError, match="arm drafter 2"):
+        ThroughputModel([(2, None)], 2)
+    with pytest.raises(ValueError, match="arm gamma"):
+        ThroughputModel([(0, -1)], 1)
+    for name in ("default_gamma", "max_gamma", "n_states", "memory"):
+        with pytest.raises(ValueError, match=name):
+            ThroughputModel([(0, None)], 1, **{name: 0})  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="at least one observed round"):
+        ThroughputModel([(0, None)], 1).predict(0, 4, 0.5)
