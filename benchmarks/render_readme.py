@@ -251,30 +251,35 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
         "every prompt, interleaved per prompt. Fixed: each drafter at gamma "
         f"{'/'.join(map(str, s['fixed_gammas']))}, with dynamic gamma, a draft model with the "
         "confidence stop, and plain decoding. Adaptive: "
-        f"{s['adaptive_arms']}, one selector carried through the workload's prompts. "
+        f"{s['adaptive_arms']}; each adaptive engine carries what it learned through the "
+        "workload's prompts. "
         "Tokens/s over the whole workload.",
         "",
     ]
+    titles = {"model": "model", "ucb1": "UCB1", "thompson": "Thompson"}
+    # Older files predate the selectors field: they hold UCB1 and Thompson.
+    selectors = s.get("selectors", ["ucb1", "thompson"])
     for regime, workloads in data["regimes"].items():
         settings = s["regimes"][regime]
+        header = " | ".join(f"adaptive {titles.get(k, k)}" for k in selectors)
         lines += [
             f"*{regime}* (temperature {settings['temperature']}, top-p {settings['top_p']}):",
             "",
-            "| workload | plain | best fixed arm | adaptive UCB1 | adaptive Thompson |",
-            "|---|---:|---|---:|---:|",
+            f"| workload | plain | best fixed arm | {header} |",
+            "|---|---:|---|" + "---:|" * len(selectors),
         ]
         for workload, entry in workloads.items():
             best = entry["best_fixed"]
             cells = []
-            for name in ("adaptive-ucb1", "adaptive-thompson"):
-                run = entry["adaptive"][name]
+            for kind in selectors:
+                run = entry["adaptive"][f"adaptive-{kind}"]
                 cells.append(
                     f"{run['tokens_per_second']:.1f} ({run['vs_best_fixed']:.2f}x best, "
                     f"{run['vs_plain']:.2f}x plain)"
                 )
             lines.append(
                 f"| {workload} | {entry['plain_tokens_per_second']:.1f} | "
-                f"{best['tokens_per_second']:.1f} `{best['name']}` | {cells[0]} | {cells[1]} |"
+                f"{best['tokens_per_second']:.1f} `{best['name']}` | {' | '.join(cells)} |"
             )
         lines.append("")
     lines += ["Against the issue's targets (ratios from the same run):", ""]

@@ -185,8 +185,9 @@ class BanditConfig:
             prompt lookup emits many times the tokens of an average one), so the textbook
             c = 1 explores almost round-robin over a few hundred rounds; 0.3 is the default.
         window_size: if set, only the last ``window_size`` rounds count (adapts to drift, e.g.
-            a stream of prompts of different kinds). For ``"model"``: the draft positions each
-            acceptance estimate keeps (default 256).
+            a stream of prompts of different kinds). For ``"model"``: the rounds of memory of
+            its acceptance posteriors (default 256; an unplayed drafter's posterior widens
+            again).
         gammas: draft lengths to choose among (each >= 1); None: ``SamplingConfig.gamma`` alone.
         plain: add the plain-decoding arm (gamma 0).
         seed: seed of the selector's own random source (never the generation's).

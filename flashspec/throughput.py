@@ -19,8 +19,8 @@ Each a_i is a Beta posterior per drafter, state and position. Its counts are exp
 probability with which the verifier accepted each draft (``min(1, p/q)`` under sampling, 0 or 1
 under greedy), weighted by the probability that the run reached it, rather than the coin flip
 itself, which removes most of the noise of sampled rounds. A position's prior is centred on the
-estimate of the position before it (position 1: on the drafter's estimate over all states), so
-positions never drafted yet inherit what is known and the model dares longer drafts. The state
+estimate of the position before it (position 1: uniform), so positions never drafted yet inherit
+what is known and the model dares longer drafts. The state
 is the selection context (whether prompt lookup has a match) and whether the previous round's
 drafts were all accepted: runs of acceptance span rounds too.
 
@@ -36,9 +36,11 @@ from collections.abc import Sequence
 
 import torch
 
-DEFAULT_MEMORY = 512
-"""Evidence each acceptance posterior keeps, in expected draft positions (older counts are
-scaled down), so the estimates follow a workload that changes."""
+DEFAULT_MEMORY = 256
+"""Rounds of memory of the acceptance posteriors: every round in a state multiplies the counts
+of every drafter in it by 1 - 1/memory. The estimates follow a workload that changes, and the
+posterior of a drafter left unplayed widens again, so a drafter judged on a bad stretch is
+tried again later instead of never."""
 
 PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
@@ -117,7 +119,7 @@ class ThroughputModel:
         max_gamma: longest draft length the model chooses.
         n_states: number of states (``state`` of ``choose``/``observe``) with separate
             acceptance estimates.
-        memory: expected draft positions each acceptance posterior keeps.
+        memory: rounds of memory of the acceptance posteriors (see ``DEFAULT_MEMORY``).
         seed: seed of the model's own random source (Thompson draws).
     """
 
@@ -153,6 +155,7 @@ class ThroughputModel:
         self.max_gamma = max_gamma
         self.n_states = n_states
         self.memory = memory
+        self._decay = 1.0 - 1.0 / memory
         # Positions tracked: as long as the longest draft any arm can ask for.
         self.positions = max([max_gamma, default_gamma, *(g or 0 for _, g in self.arms)])
         self._seed = seed
@@ -178,16 +181,16 @@ class ThroughputModel:
         cached = self._cache.get((state, drafter))
         if cached is not None:
             return cached
-        first_tried = sum(self._tried[s][drafter][0] for s in range(self.n_states))
-        first_accepted = sum(self._accepted[s][drafter][0] for s in range(self.n_states))
-        centre = (1.0 + first_accepted) / (2.0 + first_tried)
         tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
         params: list[tuple[float, float]] = []
+        # Position 1: uniform. Borrowing from other states would drag a state where a drafter
+        # shines (prompt lookup on copied text) towards one where it has nothing to say.
+        strength, centre = 2.0, 0.5
         for n, a in zip(tried, accepted, strict=True):
-            alpha = max(PRIOR_STRENGTH * centre + a, 1e-3)
-            beta = max(PRIOR_STRENGTH * (1.0 - centre) + n - a, 1e-3)
+            alpha = max(strength * centre + a, 1e-3)
+            beta = max(strength * (1.0 - centre) + n - a, 1e-3)
             params.append((alpha, beta))
-            centre = alpha / (alpha + beta)
+            strength, centre = PRIOR_STRENGTH, alpha / (alpha + beta)
         self._cache[(state, drafter)] = params
         return params
 
@@ -300,6 +303,12 @@ class ThroughputModel:
         """
         self.rounds += 1
         self._line.add(drafted + 1, other_seconds)
+        decay = self._decay
+        for tried, accepted in zip(self._tried[state], self._accepted[state], strict=True):
+            for i in range(self.positions):
+                tried[i] *= decay
+                accepted[i] *= decay
+        self._cache.clear()
         if drafter is None:
             return
         if drafted > 0:
@@ -309,15 +318,8 @@ class ThroughputModel:
                 per_draft if old is None else old + _COST_WEIGHT * (per_draft - old)
             )
         tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
-        # Every state's posteriors of this drafter start from its pooled position 1.
-        for each in range(self.n_states):
-            self._cache.pop((each, drafter), None)
         for i, (n, a) in enumerate(zip(*counts, strict=True)):
             if i >= self.positions:
                 break
             tried[i] += n
             accepted[i] += min(a, n)
-            if tried[i] > self.memory:
-                scale = self.memory / tried[i]
-                tried[i] *= scale
-                accepted[i] *= scale

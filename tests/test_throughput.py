@@ -138,23 +138,30 @@ def test_an_unmeasured_drafter_is_tried_at_the_default_length() -> None:
     assert arm in (0, 1) and gamma == 5
 
 
-def test_memory_bounds_the_evidence_and_follows_a_change() -> None:
-    model = ThroughputModel([(0, None), (None, 0)], 1, memory=64, seed=0)
-    for _ in range(200):
+def test_memory_follows_a_change_and_an_unplayed_drafter_is_retried() -> None:
+    model = ThroughputModel([(0, None), (1, None), (None, 0)], 2, memory=64, seed=0)
+    for _ in range(300):
         model.observe(0, 0, 4, expected_counts(torch.full((1, 4), 0.9), 4), 0.008, 0.015)
-    assert model.acceptance(0, 0) > 0.85
-    assert sum(model._tried[0][0]) <= 4 * 64 + 1e-9
+        model.observe(0, 1, 4, expected_counts(torch.full((1, 4), 0.3), 4), 0.008, 0.015)
+    assert model.acceptance(0, 0) > 0.85 and model.acceptance(0, 1) < 0.35
+    # Evidence is bounded: every round of the state decays it, so a drafter played in half of
+    # the rounds keeps sum_k (1 - 1/64) ** (2k) ~ 32 rounds' worth at position 1.
+    assert 31 < model._tried[0][0][0] < 33
     for _ in range(100):
         model.observe(0, 0, 4, expected_counts(torch.full((1, 4), 0.2), 4), 0.008, 0.015)
     assert model.acceptance(0, 0) < 0.35
+    # Drafter 1 was not played for 100 rounds: its counts shrank, its posterior is wide
+    # again, so Thompson draws give it a chance to be measured anew.
+    assert model._tried[0][1][0] < 0.25 * 64
+    assert sum(model.choose(0)[0] == 1 for _ in range(200)) > 10
 
 
 def test_states_are_separate_and_positions_inherit_from_the_one_before() -> None:
     model = ThroughputModel([(0, None)], 1, n_states=2, max_gamma=8)
     for _ in range(50):
         model.observe(1, 0, 2, ([1.0, 1.0], [1.0, 1.0]), 0.004, 0.015)
-    # State 0 has no counts of its own: its prior is the drafter's pooled position 1.
-    assert model.acceptance(1, 0) > 0.95 and model.acceptance(0, 0) > 0.9
+    # State 0 learned nothing from state 1's rounds.
+    assert model.acceptance(1, 0) > 0.95 and model.acceptance(0, 0) == pytest.approx(0.5)
     # Position 5 was never drafted: it inherits the high rate of the positions before.
     assert model.acceptance(1, 0, position=5) > 0.9
     fresh = ThroughputModel([(0, None)], 1, n_states=2)
