@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "TokenStream": ".engine",
     "TargetModel": ".models",
     "resolve_model_path": ".models",
+    "ThroughputModel": ".throughput",
 }
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "StreamChunk",
     "TargetModel",
     "ThompsonSelector",
+    "ThroughputModel",
     "TokenStream",
     "UCB1Selector",
     "__version__",
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
         TokenStream,
     )
     from .models import TargetModel, resolve_model_path
+    from .throughput import ThroughputModel
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,8 @@
 
 One round, each step in one place (``SpeculativeEngine._round``):
 
+0. choose   with several arms: the drafter and draft length, or plain decoding
+            (``throughput.ThroughputModel``, or a ``bandit`` selector), from past rounds only;
 1. draft    ``drafter.propose(gamma)``: up to gamma tokens per row (incremental forwards on the
             drafter's own KV cache);
 2. verify   ``target.verify``: one target forward over the uncached committed tokens (normally
