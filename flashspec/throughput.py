@@ -11,10 +11,9 @@ measure:
   draft i is accepted once drafts 1..i-1 were (the batch advances by its slowest row).
   Acceptance comes in runs (a copied span, boilerplate), so a_i grows with i; a single rate
   for every position would undervalue long drafts.
-* It costs ``c_d(g) + v(g + 1)`` seconds: ``c_d(g)``, drafting g tokens with drafter d, and
-  ``v(n)``, the target side of a round that verifies n tokens (forward, acceptance, commit),
-  are lines fitted to the measured rounds. Plain decoding is g = 0: ``B / v(1)`` tokens per
-  second.
+* It costs ``c_d * g + v(g + 1)`` seconds: c_d is the drafter's measured cost per draft and
+  ``v(n)`` the target side of a round that verifies n tokens (forward, acceptance, commit),
+  a line fitted to every round. Plain decoding is g = 0: ``B / v(1)`` tokens per second.
 
 Each a_i is a Beta posterior per drafter, state and position. Its counts are expected: the
 probability with which the verifier accepted each draft (``min(1, p/q)`` under sampling, 0 or 1
@@ -47,7 +46,8 @@ PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
 docstring): enough to carry an estimate to a position not drafted yet, soon outweighed."""
 
-_LINE_DECAY = 0.98  # per-round decay of the cost fits: ~50 rounds of memory
+_COST_WEIGHT = 0.1  # weight of a new measurement in a drafter's cost per draft (EMA)
+_LINE_DECAY = 0.98  # per-round decay of the verification-cost fit: ~50 rounds of memory
 _MIN_SPREAD = 0.25  # variance of the verified lengths below which the slope is not fitted
 _MIN_SECONDS = 1e-6  # floor of a predicted round time
 
@@ -169,10 +169,7 @@ class ThroughputModel:
         self._accepted = [
             [[0.0] * self.positions for _ in range(shape[1])] for _ in range(shape[0])
         ]
-        # Per drafter, seconds of drafting g tokens: a line too, since the first forward also
-        # feeds the committed tokens the drafter's cache lacks (a cost per round, not per draft;
-        # spread over the drafts it would make short drafts look dearer than they are).
-        self._drafting = [_CostLine() for _ in range(self.n_drafters)]
+        self._draft_cost: list[float | None] = [None] * self.n_drafters
         self._line = _CostLine()
         self._cache: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self.rounds = 0
@@ -203,11 +200,9 @@ class ThroughputModel:
         alpha, beta = self._posteriors(state, drafter)[position - 1]
         return alpha / (alpha + beta)
 
-    def draft_seconds(self, drafter: int, gamma: int) -> float | None:
-        """Predicted seconds of drafting ``gamma`` tokens (None before the drafter's first
-        measured round)."""
-        line = self._drafting[drafter]
-        return line(gamma) if line.known and gamma > 0 else (0.0 if line.known else None)
+    def draft_cost(self, drafter: int) -> float | None:
+        """Measured seconds per draft (None before the drafter's first measured round)."""
+        return self._draft_cost[drafter]
 
     def predict(
         self, drafter: int | None, gamma: int, acceptance: float | Sequence[float], rows: int = 1
@@ -227,7 +222,7 @@ class ThroughputModel:
             return rows / self._line(1)
         rates = [acceptance] * gamma if isinstance(acceptance, (int, float)) else acceptance
         tokens = self._tokens(rates, gamma, rows)[gamma]
-        return rows * tokens / ((self.draft_seconds(drafter, gamma) or 0.0) + self._line(gamma + 1))
+        return rows * tokens / ((self._draft_cost[drafter] or 0.0) * gamma + self._line(gamma + 1))
 
     @staticmethod
     def _tokens(rates: Sequence[float], limit: int, rows: int) -> list[float]:
@@ -267,16 +262,15 @@ class ThroughputModel:
                     for a, b in self._posteriors(state, drafter)[: self.positions]
                 ]
                 tokens[drafter] = self._tokens(draws, self.positions, rows)
-            drafting = self._drafting[drafter]
-            if gamma is not None or not drafting.known:
+            if gamma is not None or self._draft_cost[drafter] is None:
                 # A drafter not yet measured runs at its default length: optimistic (cost 0)
                 # so that it is tried soon, without an overlong first draft.
                 candidates = [self._length(drafter, gamma, limit)]
             else:
                 candidates = list(range(1, limit + 1))
+            cost = self._draft_cost[drafter] or 0.0
             for g in candidates:
-                cost = drafting(g) if drafting.known else 0.0
-                rate = rows * tokens[drafter][g] / (cost + verify[g + 1])
+                rate = rows * tokens[drafter][g] / (cost * g + verify[g + 1])
                 if rate > best_rate:
                     best_rate, best = rate, (index, g)
         return best
@@ -318,7 +312,11 @@ class ThroughputModel:
         if drafter is None:
             return
         if drafted > 0:
-            self._drafting[drafter].add(drafted, draft_seconds)
+            per_draft = draft_seconds / drafted
+            old = self._draft_cost[drafter]
+            self._draft_cost[drafter] = (
+                per_draft if old is None else old + _COST_WEIGHT * (per_draft - old)
+            )
         tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
         for i, (n, a) in enumerate(zip(*counts, strict=True)):
             if i >= self.positions:

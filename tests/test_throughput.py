@@ -102,7 +102,7 @@ def test_acceptance_estimates_converge() -> None:
     model = trained([0.6, 0.9], rounds=900)
     assert model.acceptance(0, 0) == pytest.approx(0.6, abs=0.03)
     assert model.acceptance(0, 1) == pytest.approx(0.9, abs=0.03)
-    assert model.draft_seconds(0, 6) == pytest.approx(6 * DRAFT_COST, rel=0.02)
+    assert model.draft_cost(0) == pytest.approx(DRAFT_COST, rel=0.02)
 
 
 def test_choice_is_the_formula_argmax() -> None:
@@ -184,7 +184,7 @@ def test_same_seed_same_choices_and_reset() -> None:
     first = [a.choose(0) for _ in range(50)]
     assert first == [b.choose(0) for _ in range(50)]
     a.reset()
-    assert a.rounds == 0 and a.draft_seconds(0, 4) is None and a.acceptance(0, 0) == 0.5
+    assert a.rounds == 0 and a.draft_cost(0) is None and a.acceptance(0, 0) == 0.5
 
 
 def test_bad_arguments() -> None:
