@@ -576,11 +576,12 @@ class SpeculativeEngine:
         # 0. choose the arm: a drafter and its draft length, or plain decoding. Drafts beyond
         # room - 1 could never be emitted (the round adds one token of its own), and a round
         # that can emit one token is plain whatever is chosen, so it teaches the selector nothing.
-        model = self.model if room > 1 else None
-        selector = self.selectors[self._context(gen)] if self.selectors and room > 1 else None
-        state = 0
+        choosing = room > 1 and (self.model is not None or bool(self.selectors))
+        context = self._context(gen) if choosing else 0
+        model = self.model if choosing else None
+        selector = self.selectors[context] if choosing and self.selectors else None
+        state = 2 * context + gen.last_full
         if model is not None:
-            state = 2 * self._context(gen) + gen.last_full
             index, gamma = model.choose(state, len(gen.live), room - 1)
         else:
             index = selector.select() if selector is not None else 0
@@ -589,7 +590,6 @@ class SpeculativeEngine:
         # The first round also prefills the prompt, whichever arm runs it: it teaches the
         # selector nothing, and every drafter prefills in it too, so that a drafter chosen
         # later is not charged for its prompt.
-        choosing = selector is not None or model is not None
         learn = choosing and self.target.cached > 0
         if choosing and not learn:
             for each in self.drafters:

@@ -31,9 +31,9 @@ model's own random source only, never on the generation's, so the output stays e
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 DEFAULT_MEMORY = 256
@@ -163,7 +163,7 @@ class ThroughputModel:
 
     def reset(self) -> None:
         """Forget everything learned (costs, acceptance) and reseed."""
-        self._rng = random.Random(self._seed)
+        self._rng = np.random.default_rng(self._seed)
         shape = (self.n_states, self.n_drafters)
         self._tried = [[[0.0] * self.positions for _ in range(shape[1])] for _ in range(shape[0])]
         self._accepted = [
@@ -171,16 +171,12 @@ class ThroughputModel:
         ]
         self._draft_cost: list[float | None] = [None] * self.n_drafters
         self._line = _CostLine()
-        self._cache: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self.rounds = 0
 
     # ------------------------------------------------------------------------------ queries
 
     def _posteriors(self, state: int, drafter: int) -> list[tuple[float, float]]:
         """Beta parameters per position, each prior centred on the position before it."""
-        cached = self._cache.get((state, drafter))
-        if cached is not None:
-            return cached
         tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
         params: list[tuple[float, float]] = []
         # Position 1: uniform. Borrowing from other states would drag a state where a drafter
@@ -191,7 +187,6 @@ class ThroughputModel:
             beta = max(strength * (1.0 - centre) + n - a, 1e-3)
             params.append((alpha, beta))
             strength, centre = PRIOR_STRENGTH, alpha / (alpha + beta)
-        self._cache[(state, drafter)] = params
         return params
 
     def acceptance(self, state: int, drafter: int, position: int = 1) -> float:
@@ -248,7 +243,15 @@ class ThroughputModel:
             drafter, gamma = self.arms[0]
             return 0, self._length(drafter, gamma, limit)
         verify = [self._line(n) for n in range(self.positions + 2)]  # by verified tokens
+        # One vectorised Beta draw for every drafter and position: drawing them one by one
+        # with the random module was most of the model's time per round.
+        drafters = sorted({d for d, _ in self.arms if d is not None})
         tokens: dict[int, list[float]] = {}
+        if drafters:
+            params = np.array([self._posteriors(state, d) for d in drafters])
+            draws = self._rng.beta(params[..., 0], params[..., 1]).tolist()
+            for d, drawn in zip(drafters, draws, strict=True):
+                tokens[d] = self._tokens(drawn, self.positions, rows)
         best_rate, best = -1.0, (0, 0)
         for index, (drafter, gamma) in enumerate(self.arms):
             if drafter is None or limit < 1:
@@ -256,12 +259,6 @@ class ThroughputModel:
                 if rate > best_rate:
                     best_rate, best = rate, (index, 0)
                 continue
-            if drafter not in tokens:
-                draws = [
-                    self._rng.betavariate(a, b)
-                    for a, b in self._posteriors(state, drafter)[: self.positions]
-                ]
-                tokens[drafter] = self._tokens(draws, self.positions, rows)
             if gamma is not None or self._draft_cost[drafter] is None:
                 # A drafter not yet measured runs at its default length: optimistic (cost 0)
                 # so that it is tried soon, without an overlong first draft.
@@ -308,7 +305,6 @@ class ThroughputModel:
             for i in range(self.positions):
                 tried[i] *= decay
                 accepted[i] *= decay
-        self._cache.clear()
         if drafter is None:
             return
         if drafted > 0:

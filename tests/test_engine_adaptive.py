@@ -135,7 +135,7 @@ class SlowWrongDrafter(Drafter):
         return Proposal(wrong.repeat(1, gamma))
 
 
-@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
+@pytest.mark.parametrize("selector", ["ucb1", "thompson", "model"])
 def test_falls_back_to_plain_decoding_when_drafting_does_not_pay(selector: str) -> None:
     target, _ = models("plain")
     bandit = BanditConfig(selector=selector, plain=True, seed=0)  # type: ignore[arg-type]
@@ -145,8 +145,11 @@ def test_falls_back_to_plain_decoding_when_drafting_does_not_pay(selector: str) 
     )
     result = engine.generate(PROMPTS[0], max_new_tokens=80, ignore_eos=True)
     arms = result.stats.arm_rounds
-    # A slow round earns ~40 tok/s, a plain one ~10x more: the slow arm gets O(log t) rounds.
-    assert arms["plain"] >= 3 * arms["slow/gamma"], arms
+    # A slow round earns ~40 tok/s, a plain one ~10x more: the slow arm gets O(log t) rounds
+    # from a bandit. The model learns its acceptance is ~0 within a few rounds; then only
+    # posterior draws near the top of a Beta(1, 1 + n) could ever pick it again.
+    ratio = 10 if selector == "model" else 3
+    assert arms["plain"] >= ratio * arms["slow/gamma"], arms
     check_equal("plain", PROMPTS[0], result.tokens[0][:MAX_NEW])
 
 
@@ -276,22 +279,6 @@ def test_greedy_with_model_selection_equals_target_generate(
     # An unmeasured drafter counts as free, so each drafter was tried.
     assert arms["draft/gamma"] > 0 and arms["prompt_lookup/gamma"] > 0, arms
     assert engine.model is not None and engine.model.rounds > 0
-
-
-def test_model_falls_back_to_plain_decoding_when_drafting_does_not_pay() -> None:
-    target, _ = models("plain")
-    config = FlashSpecConfig(
-        sampling=SamplingConfig(gamma=4), bandit=BanditConfig(plain=True, seed=0)
-    )
-    engine = SpeculativeEngine(
-        config, [SlowWrongDrafter()], TargetModel(model=target, tokenizer=tokenizer())
-    )
-    result = engine.generate(PROMPTS[0], max_new_tokens=80, ignore_eos=True)
-    arms = result.stats.arm_rounds
-    # Its acceptance is learned to be ~0 within a few rounds; then only posterior draws near
-    # the top of a Beta(1, 1 + n) could ever pick it again.
-    assert arms["plain"] >= 10 * arms["slow/gamma"], arms
-    check_equal("plain", PROMPTS[0], result.tokens[0][:MAX_NEW])
 
 
 def test_model_drafts_long_when_every_draft_is_accepted() -> None:
