@@ -186,8 +186,8 @@ class BanditConfig:
             c = 1 explores almost round-robin over a few hundred rounds; 0.3 is the default.
         window_size: if set, only the last ``window_size`` rounds count (adapts to drift, e.g.
             a stream of prompts of different kinds). For ``"model"``: the rounds of memory of
-            its acceptance posteriors (default 256; an unplayed drafter's posterior widens
-            again).
+            a drafter's acceptance posteriors, counted in its own rounds (default 256; an
+            unplayed drafter's posterior widens again four times as slowly).
         gammas: draft lengths to choose among (each >= 1); None: ``SamplingConfig.gamma`` alone.
         plain: add the plain-decoding arm (gamma 0).
         seed: seed of the selector's own random source (never the generation's).

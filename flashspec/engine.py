@@ -587,6 +587,10 @@ class SpeculativeEngine:
             index = selector.select() if selector is not None else 0
             gamma = min(gen.arm_gammas[index], room - 1)
         arm = self.arms[index]
+        # Choosing costs the same whichever arm wins, so the model counts it with the target
+        # side of the round, not as drafting: spread over the drafts it made every draft look
+        # dearer and drafts shorter than the best.
+        chosen_at = time.perf_counter()
         # The first round also prefills the prompt, whichever arm runs it: it teaches the
         # selector nothing, and every drafter prefills in it too, so that a drafter chosen
         # later is not charged for its prompt.
@@ -653,7 +657,14 @@ class SpeculativeEngine:
         end = time.perf_counter()
         if learn and model is not None:
             counts = expected_counts(acceptance.probability, gamma)
-            model.observe(state, arm.drafter, g, counts, drafted_at - start, end - drafted_at)
+            model.observe(
+                state,
+                arm.drafter,
+                g,
+                counts,
+                drafted_at - chosen_at,
+                (chosen_at - start) + (end - drafted_at),
+            )
         elif learn and selector is not None:
             # Tokens per second of this round's wall time: what the choice bought, including
             # the drafting it cost. Counted before stopping, which is not the arm's doing.

@@ -24,9 +24,14 @@ what is known and the model dares longer drafts. The state
 is the selection context (whether prompt lookup has a match) and whether the previous round's
 drafts were all accepted: runs of acceptance span rounds too.
 
-Each round draws every a_i from its posterior (Thompson sampling) and takes the arm and draft
-length with the largest predicted tokens per second. The choice depends on past rounds and on the
-model's own random source only, never on the generation's, so the output stays exact.
+Each round draws every a_i from its posterior (Thompson sampling) and takes the arm with the
+largest predicted tokens per second at its best draft length under the draws; that arm's draft
+length is then the best under the posterior means. Drawing explores drafters; the draft length
+needs no exploration of its own (a position not drafted yet inherits the estimate of the one
+before), and choosing it from the means spares the rounds the jitter of the draws, which on flat
+acceptance made drafts a token shorter than the best on average. The choice depends on past
+rounds and on the model's own random source only, never on the generation's, so the output stays
+exact.
 """
 
 from __future__ import annotations
@@ -37,10 +42,16 @@ import numpy as np
 import torch
 
 DEFAULT_MEMORY = 256
-"""Rounds of memory of the acceptance posteriors: every round in a state multiplies the counts
-of every drafter in it by 1 - 1/memory. The estimates follow a workload that changes, and the
-posterior of a drafter left unplayed widens again, so a drafter judged on a bad stretch is
-tried again later instead of never."""
+"""Rounds of memory of the acceptance posteriors: each round of a drafter multiplies its counts
+in the round's state by 1 - 1/memory, so its estimates follow a workload that changes."""
+
+RETRY_FACTOR = 4
+"""Every round in a state also multiplies the counts of the drafters it did not play by
+1 - 1/(RETRY_FACTOR * memory): the posterior of a drafter left unplayed widens again, so a
+drafter judged on a bad stretch is tried again later instead of never, but slowly. Each retry
+of a drafter that is worse costs a round at its lower rate; at the same speed of forgetting as
+the played drafter (factor 1) the model spent 4-39% of sampled rounds (where one drafter is best
+everywhere) re-trying the others (``flashspec bench adaptive``, commits 612ef84 and 7422624)."""
 
 PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
@@ -78,6 +89,10 @@ class _CostLine:
         # drafts, which the next rounds then measure.
         slope = 0.0 if spread < _MIN_SPREAD else (self.nt / self.weight - mean_n * mean_t) / spread
         return max(mean_t + max(slope, 0.0) * (n - mean_n), _MIN_SECONDS)
+
+    def many(self, count: int) -> np.ndarray:
+        """``[self(0), self(1), ..., self(count - 1)]`` as an array."""
+        return np.array([self(n) for n in range(count)])
 
 
 def expected_counts(probability: torch.Tensor, requested: int) -> tuple[list[float], list[float]]:
@@ -156,6 +171,7 @@ class ThroughputModel:
         self.n_states = n_states
         self.memory = memory
         self._decay = 1.0 - 1.0 / memory
+        self._decay_unplayed = 1.0 - 1.0 / (RETRY_FACTOR * memory)
         # Positions tracked: as long as the longest draft any arm can ask for.
         self.positions = max([max_gamma, default_gamma, *(g or 0 for _, g in self.arms)])
         self._seed = seed
@@ -216,18 +232,8 @@ class ThroughputModel:
         if drafter is None or gamma == 0:
             return rows / self._line(1)
         rates = [acceptance] * gamma if isinstance(acceptance, (int, float)) else acceptance
-        tokens = self._tokens(rates, gamma, rows)[gamma]
+        tokens = float(_tokens(np.array([list(rates[:gamma])], dtype=np.float64), rows)[0, gamma])
         return rows * tokens / ((self._draft_cost[drafter] or 0.0) * gamma + self._line(gamma + 1))
-
-    @staticmethod
-    def _tokens(rates: Sequence[float], limit: int, rows: int) -> list[float]:
-        """Expected tokens per row of a round for every draft length 0..limit."""
-        tokens = [1.0]
-        run = 1.0
-        for rate in rates[:limit]:
-            run *= rate**rows  # every row must accept: the batch moves in lockstep
-            tokens.append(tokens[-1] + run)
-        return tokens
 
     def choose(self, state: int, rows: int = 1, max_gamma: int | None = None) -> tuple[int, int]:
         """The next round's ``(arm index, draft length)``.
@@ -242,16 +248,21 @@ class ThroughputModel:
             # Nothing measured yet: the first arm at its own or the default length.
             drafter, gamma = self.arms[0]
             return 0, self._length(drafter, gamma, limit)
-        verify = [self._line(n) for n in range(self.positions + 2)]  # by verified tokens
-        # One vectorised Beta draw for every drafter and position: drawing them one by one
-        # with the random module was most of the model's time per round.
+        # Seconds of the target side by verified tokens, and per drafter and draft length
+        # 0..positions the tokens of a round: under one Thompson draw of every a_i (to pick the
+        # arm) and under the posterior means (to pick the chosen arm's draft length).
+        verify = self._line.many(self.positions + 2)
         drafters = sorted({d for d, _ in self.arms if d is not None})
-        tokens: dict[int, list[float]] = {}
+        drawn: dict[int, np.ndarray] = {}
+        mean: dict[int, np.ndarray] = {}
         if drafters:
             params = np.array([self._posteriors(state, d) for d in drafters])
-            draws = self._rng.beta(params[..., 0], params[..., 1]).tolist()
-            for d, drawn in zip(drafters, draws, strict=True):
-                tokens[d] = self._tokens(drawn, self.positions, rows)
+            alpha, beta = params[..., 0], params[..., 1]
+            drawn_tokens = _tokens(self._rng.beta(alpha, beta), rows)
+            mean_tokens = _tokens(alpha / (alpha + beta), rows)
+            for row, d in enumerate(drafters):
+                drawn[d], mean[d] = drawn_tokens[row], mean_tokens[row]
+        lengths = np.arange(self.positions + 1)
         best_rate, best = -1.0, (0, 0)
         for index, (drafter, gamma) in enumerate(self.arms):
             if drafter is None or limit < 1:
@@ -259,17 +270,21 @@ class ThroughputModel:
                 if rate > best_rate:
                     best_rate, best = rate, (index, 0)
                 continue
-            if gamma is not None or self._draft_cost[drafter] is None:
+            cost = self._draft_cost[drafter]
+            if gamma is not None or cost is None:
                 # A drafter not yet measured runs at its default length: optimistic (cost 0)
                 # so that it is tried soon, without an overlong first draft.
-                candidates = [self._length(drafter, gamma, limit)]
-            else:
-                candidates = list(range(1, limit + 1))
-            cost = self._draft_cost[drafter] or 0.0
-            for g in candidates:
-                rate = rows * tokens[drafter][g] / (cost * g + verify[g + 1])
+                g = self._length(drafter, gamma, limit)
+                rate = rows * drawn[drafter][g] / ((cost or 0.0) * g + verify[g + 1])
                 if rate > best_rate:
                     best_rate, best = rate, (index, g)
+                continue
+            seconds = cost * lengths[1 : limit + 1] + verify[2 : limit + 2]
+            rates = drawn[drafter][1 : limit + 1] / seconds
+            g = int(rates.argmax())
+            if rows * rates[g] > best_rate:
+                by_mean = int((mean[drafter][1 : limit + 1] / seconds).argmax())
+                best_rate, best = rows * float(rates[g]), (index, by_mean + 1)
         return best
 
     def _length(self, drafter: int | None, gamma: int | None, limit: int) -> int:
@@ -300,8 +315,10 @@ class ThroughputModel:
         """
         self.rounds += 1
         self._line.add(drafted + 1, other_seconds)
-        decay = self._decay
-        for tried, accepted in zip(self._tried[state], self._accepted[state], strict=True):
+        for d, (tried, accepted) in enumerate(
+            zip(self._tried[state], self._accepted[state], strict=True)
+        ):
+            decay = self._decay if d == drafter else self._decay_unplayed
             for i in range(self.positions):
                 tried[i] *= decay
                 accepted[i] *= decay
@@ -319,3 +336,11 @@ class ThroughputModel:
                 break
             tried[i] += n
             accepted[i] += min(a, n)
+
+
+def _tokens(rates: np.ndarray, rows: int) -> np.ndarray:
+    """Expected tokens per row of a round for every draft length 0..P, per row of ``rates``
+    (shape (D, P): acceptance per position); every row of the batch must accept, since the batch
+    moves in lockstep."""
+    runs = np.cumprod(rates**rows, axis=1)
+    return np.concatenate([np.ones((rates.shape[0], 1)), 1.0 + np.cumsum(runs, axis=1)], axis=1)
