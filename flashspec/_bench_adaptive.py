@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from . import _argtypes, bench
@@ -121,12 +122,18 @@ class Config:
     tokens: Counter[str] = field(default_factory=Counter)
     seconds: dict[str, float] = field(default_factory=dict)
     arm_rounds: dict[str, Counter[str]] = field(default_factory=dict)
+    # Per workload, by the prompt's seed (its place in the stream): (tokens, seconds).
+    per_prompt: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
 
     def run(self, workload: str, ids: list[int], max_new: int, seed: int) -> None:
         with _quiet_timing():
             result = self.engine.generate(ids, max_new_tokens=max_new, ignore_eos=True, seed=seed)
         self.tokens[workload] += result.stats.new_tokens
         self.seconds[workload] = self.seconds.get(workload, 0.0) + result.stats.time_total
+        self.per_prompt.setdefault(workload, {})[seed] = (
+            result.stats.new_tokens,
+            result.stats.time_total,
+        )
         self.arm_rounds.setdefault(workload, Counter()).update(result.stats.arm_rounds)
 
     def tokens_per_second(self, workloads: tuple[str, ...]) -> float:
@@ -245,17 +252,49 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
             "plain_tokens_per_second": round(plain, 2),
             "adaptive": {},
         }
+        best_config = next(c for c in fixed if c.name == best_name)
+        best_runs: dict[int, tuple[int, float]] = {}
+        for part in parts:
+            best_runs.update(best_config.per_prompt.get(part, {}))
         for config in adaptive[workload]:
             tps = config.tokens_per_second((workload,))
+            low, high = paired_interval(config.per_prompt.get(workload, {}), best_runs)
             entry["adaptive"][config.name] = {
                 "tokens_per_second": round(tps, 2),
                 "vs_best_fixed": round(tps / best, 4) if best else None,
+                "vs_best_fixed_ci95": [round(low, 4), round(high, 4)],
                 "vs_plain": round(tps / plain, 4) if plain else None,
                 "beats_every_fixed": tps > best,
                 "arm_rounds": dict(config.arm_rounds.get(workload, Counter()).most_common()),
             }
         result[workload] = entry
     return result
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def paired_interval(
+    runs: dict[int, tuple[int, float]], reference: dict[int, tuple[int, float]]
+) -> tuple[float, float]:
+    """95% bootstrap interval of ``tokens/s(runs) / tokens/s(reference)``, resampling prompts.
+
+    Both map a prompt (its seed) to ``(tokens, seconds)``; a resample keeps each prompt's pair
+    together: how hard a prompt is cancels, what is left is the noise
+    of sampling and of the machine. The best fixed arm is the maximum of many noisy
+    configurations, so its own ratio is biased upwards; the interval says how far apart two
+    configurations can be by chance alone.
+    """
+    if not runs or runs.keys() != reference.keys():
+        return (float("nan"), float("nan"))
+    a = np.array([runs[k] for k in sorted(runs)], dtype=np.float64)
+    b = np.array([reference[k] for k in sorted(runs)], dtype=np.float64)
+    pick = np.random.default_rng(0).integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))
+    ta, sa = a[pick, 0].sum(axis=1), a[pick, 1].sum(axis=1)
+    tb, sb = b[pick, 0].sum(axis=1), b[pick, 1].sum(axis=1)
+    ratios = (ta / sa) / (tb / sb)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
 
 
 def check_targets(regimes: dict[str, Any], selectors: tuple[str, ...]) -> dict[str, Any]:
@@ -364,7 +403,9 @@ def report(regime: str, workloads: dict[str, Any]) -> None:
         for name, run in entry["adaptive"].items():
             print(
                 f"  {name:<32} {run['tokens_per_second']:8.1f}  "
-                f"{run['vs_best_fixed']:.3f}x best fixed, {run['vs_plain']:.3f}x plain"
+                f"{run['vs_best_fixed']:.3f}x best fixed "
+                f"(95% {run['vs_best_fixed_ci95'][0]:.3f}-{run['vs_best_fixed_ci95'][1]:.3f}), "
+                f"{run['vs_plain']:.3f}x plain"
             )
 
 
