@@ -253,7 +253,11 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
         "confidence stop, and plain decoding. Adaptive: "
         f"{s['adaptive_arms']}; each adaptive engine carries what it learned through the "
         "workload's prompts. "
-        "Tokens/s over the whole workload.",
+        "Tokens/s over the whole workload. In brackets, where the file has it: the 95% "
+        "bootstrap interval of the ratio to the best fixed arm, resampling prompts with each "
+        "prompt's pair of runs kept together (how far apart two configurations land by the "
+        "noise of sampling and of the machine alone; the best fixed arm, the largest of 15 "
+        "noisy measurements, is itself biased upwards).",
         "",
     ]
     titles = {"model": "model", "ucb1": "UCB1", "thompson": "Thompson"}
@@ -273,9 +277,12 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
             cells = []
             for kind in selectors:
                 run = entry["adaptive"][f"adaptive-{kind}"]
+                # Older files have no interval.
+                low, high = run.get("vs_best_fixed_ci95", (None, None))
+                interval = f" [{low:.2f}-{high:.2f}]" if low is not None else ""
                 cells.append(
-                    f"{run['tokens_per_second']:.1f} ({run['vs_best_fixed']:.2f}x best, "
-                    f"{run['vs_plain']:.2f}x plain)"
+                    f"{run['tokens_per_second']:.1f} ({run['vs_best_fixed']:.2f}x best"
+                    f"{interval}, {run['vs_plain']:.2f}x plain)"
                 )
             lines.append(
                 f"| {workload} | {entry['plain_tokens_per_second']:.1f} | "

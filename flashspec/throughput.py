@@ -28,10 +28,9 @@ Each round draws every a_i from its posterior (Thompson sampling) and takes the 
 largest predicted tokens per second at its best draft length under the draws; that arm's draft
 length is then the best under the posterior means. Drawing explores drafters; the draft length
 needs no exploration of its own (a position not drafted yet inherits the estimate of the one
-before), and choosing it from the means spares the rounds the jitter of the draws, which on flat
-acceptance made drafts a token shorter than the best on average. The choice depends on past
-rounds and on the model's own random source only, never on the generation's, so the output stays
-exact.
+before), and choosing it from the means spares the rounds the jitter of the draws around the
+best length. The choice depends on past rounds and on the model's own random source only, never
+on the generation's, so the output stays exact.
 """
 
 from __future__ import annotations

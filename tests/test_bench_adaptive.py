@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 import pytest
@@ -70,6 +71,34 @@ def test_regime_schema(regime: dict[str, Any]) -> None:
             assert run["tokens_per_second"] > 0
             assert run["beats_every_fixed"] == (run["vs_best_fixed"] > 1)
             assert sum(run["arm_rounds"].values()) > 0
+
+
+def test_regime_interval_holds_the_ratio(regime: dict[str, Any]) -> None:
+    for entry in regime.values():
+        for run in entry["adaptive"].values():
+            low, high = run["vs_best_fixed_ci95"]
+            # The whole-workload ratio is one of the resamples' ratios' neighbours: inside the
+            # interval, give or take the rounding of the stored numbers.
+            assert low - 1e-3 <= run["vs_best_fixed"] <= high + 1e-3
+
+
+def test_paired_interval_against_exact_ratios() -> None:
+    base = {seed: (100, 1.0 + 0.1 * seed) for seed in range(30)}
+    # Same runs: ratio 1 in every resample.
+    assert A.paired_interval(base, base) == pytest.approx((1.0, 1.0))
+    # Twice as fast on every prompt: exactly 2, however prompts are resampled.
+    fast = {seed: (tokens, seconds / 2) for seed, (tokens, seconds) in base.items()}
+    assert A.paired_interval(fast, base) == pytest.approx((2.0, 2.0))
+    # Faster on half the prompts only: the interval straddles the whole-stream ratio and is
+    # wide, since which prompts a resample draws moves the ratio.
+    mixed = {s: (t, sec / (2 if s % 2 else 1)) for s, (t, sec) in base.items()}
+    whole = (sum(t for t, _ in mixed.values()) / sum(x for _, x in mixed.values())) / (
+        sum(t for t, _ in base.values()) / sum(x for _, x in base.values())
+    )
+    low, high = A.paired_interval(mixed, base)
+    assert low < whole < high and high - low > 0.1
+    # Prompts that do not pair up give no interval.
+    assert all(map(math.isnan, A.paired_interval(base, {0: (1, 1.0)})))
 
 
 def test_mixed_fixed_numbers_pool_both_workloads(regime: dict[str, Any]) -> None:
