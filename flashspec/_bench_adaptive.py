@@ -124,12 +124,23 @@ class Config:
     arm_rounds: dict[str, Counter[str]] = field(default_factory=dict)
     # Per workload, by the prompt's seed (its place in the stream): (tokens, seconds).
     per_prompt: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
+    # Per workload: rounds, drafts, emitted tokens (per row) and seconds of drafting.
+    rounds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def run(self, workload: str, ids: list[int], max_new: int, seed: int) -> None:
         with _quiet_timing():
             result = self.engine.generate(ids, max_new_tokens=max_new, ignore_eos=True, seed=seed)
         self.tokens[workload] += result.stats.new_tokens
         self.seconds[workload] = self.seconds.get(workload, 0.0) + result.stats.time_total
+        stats = result.stats
+        _add(
+            self.rounds.setdefault(workload, {}),
+            rounds=stats.row_rounds,
+            drafted=stats.drafted,
+            emitted=stats.emitted,
+            draft_seconds=stats.time_draft,
+            seconds=stats.time_total,
+        )
         self.per_prompt.setdefault(workload, {})[seed] = (
             result.stats.new_tokens,
             result.stats.time_total,
@@ -246,13 +257,20 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
         plain = next(c for c in fixed if c.kind == "plain").tokens_per_second(parts)
         best_name = max(rows, key=rows.__getitem__)
         best = rows[best_name]
+        best_config = next(c for c in fixed if c.name == best_name)
+        best_totals: dict[str, float] = {}
+        for part in parts:
+            _add(best_totals, **best_config.rounds.get(part, {}))
         entry: dict[str, Any] = {
             "fixed": rows,
-            "best_fixed": {"name": best_name, "tokens_per_second": best},
+            "best_fixed": {
+                "name": best_name,
+                "tokens_per_second": best,
+                "per_round": _per_round(best_totals),
+            },
             "plain_tokens_per_second": round(plain, 2),
             "adaptive": {},
         }
-        best_config = next(c for c in fixed if c.name == best_name)
         best_runs: dict[int, tuple[int, float]] = {}
         for part in parts:
             best_runs.update(best_config.per_prompt.get(part, {}))
@@ -266,9 +284,29 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
                 "vs_plain": round(tps / plain, 4) if plain else None,
                 "beats_every_fixed": tps > best,
                 "arm_rounds": dict(config.arm_rounds.get(workload, Counter()).most_common()),
+                "per_round": _per_round(config.rounds.get(workload, {})),
             }
         result[workload] = entry
     return result
+
+
+def _add(totals: dict[str, float], **values: float) -> None:
+    for key, value in values.items():
+        totals[key] = totals.get(key, 0.0) + value
+
+
+def _per_round(totals: dict[str, float]) -> dict[str, float]:
+    """Drafts, emitted tokens and milliseconds (all, and drafting) per row-round: where an
+    adaptive engine's speed went, against the fixed arm's."""
+    rounds = totals.get("rounds", 0)
+    if not rounds:
+        return {}
+    return {
+        "drafted": round(totals["drafted"] / rounds, 3),
+        "emitted": round(totals["emitted"] / rounds, 3),
+        "ms": round(totals["seconds"] / rounds * 1e3, 3),
+        "draft_ms": round(totals["draft_seconds"] / rounds * 1e3, 3),
+    }
 
 
 BOOTSTRAP_RESAMPLES = 2000

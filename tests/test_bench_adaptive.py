@@ -71,6 +71,12 @@ def test_regime_schema(regime: dict[str, Any]) -> None:
             assert run["tokens_per_second"] > 0
             assert run["beats_every_fixed"] == (run["vs_best_fixed"] > 1)
             assert sum(run["arm_rounds"].values()) > 0
+            # Every row-round emits at least one token and at most its drafts plus one.
+            per_round = run["per_round"]
+            assert 1 <= per_round["emitted"] <= per_round["drafted"] + 1
+            assert 0 <= per_round["draft_ms"] <= per_round["ms"]
+        best = entry["best_fixed"]["per_round"]
+        assert 1 <= best["emitted"] <= best["drafted"] + 1
 
 
 def test_regime_interval_holds_the_ratio(regime: dict[str, Any]) -> None:
