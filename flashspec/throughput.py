@@ -56,13 +56,12 @@ PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
 docstring): enough to carry an estimate to a position not drafted yet, soon outweighed."""
 
-# Costs are properties of the machine and the models, which change slowly, while one round's
-# timing is noisy: with ~10 and ~50 rounds of memory the estimates (the target side's slope
-# above all) wandered enough to move the best draft length of a state by one or two every few
-# rounds: sampled HumanEval, where gamma 4 is the best fixed length, ran 2 to 5 in even shares
-# (a diagnostic run; 3 and 4 in three rounds of four with this memory).
-_COST_WEIGHT = 0.02  # weight of a new measurement in a drafter's cost per draft (EMA)
-_LINE_DECAY = 0.995  # per-round decay of the verification-cost fit: ~200 rounds of memory
+# The cost memories count a drafter's own rounds. Five times longer ones (commit b0ab922)
+# measured worse in a full `flashspec bench adaptive` run: the 3-layer draft took 45% of the
+# sampled mixed stream's rounds (1% at these memories), most likely because a drafter played
+# rarely kept the cost of its first few, lucky rounds for hundreds of rounds.
+_COST_WEIGHT = 0.1  # weight of a new measurement in a drafter's cost per draft (EMA)
+_LINE_DECAY = 0.98  # per-round decay of the verification-cost fit: ~50 rounds of memory
 _MIN_SPREAD = 0.25  # variance of the verified lengths below which the slope is not fitted
 _MIN_SECONDS = 1e-6  # floor of a predicted round time
 
