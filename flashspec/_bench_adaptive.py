@@ -119,20 +119,17 @@ class Config:
     name: str
     kind: str  # "fixed", "plain" or "adaptive"
     engine: SpeculativeEngine
-    tokens: Counter[str] = field(default_factory=Counter)
-    seconds: dict[str, float] = field(default_factory=dict)
     arm_rounds: dict[str, Counter[str]] = field(default_factory=dict)
     # Per workload, by the prompt's seed (its place in the stream): (tokens, seconds).
     per_prompt: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
-    # Per workload: rounds, drafts, emitted tokens (per row) and seconds of drafting.
+    # Per workload: rounds, drafts, emitted tokens (per row) and seconds (all, and drafting).
     rounds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def run(self, workload: str, ids: list[int], max_new: int, seed: int) -> None:
         with _quiet_timing():
             result = self.engine.generate(ids, max_new_tokens=max_new, ignore_eos=True, seed=seed)
-        self.tokens[workload] += result.stats.new_tokens
-        self.seconds[workload] = self.seconds.get(workload, 0.0) + result.stats.time_total
         stats = result.stats
+        self.per_prompt.setdefault(workload, {})[seed] = (stats.new_tokens, stats.time_total)
         _add(
             self.rounds.setdefault(workload, {}),
             rounds=stats.row_rounds,
@@ -141,15 +138,12 @@ class Config:
             draft_seconds=stats.time_draft,
             seconds=stats.time_total,
         )
-        self.per_prompt.setdefault(workload, {})[seed] = (
-            result.stats.new_tokens,
-            result.stats.time_total,
-        )
-        self.arm_rounds.setdefault(workload, Counter()).update(result.stats.arm_rounds)
+        self.arm_rounds.setdefault(workload, Counter()).update(stats.arm_rounds)
 
     def tokens_per_second(self, workloads: tuple[str, ...]) -> float:
-        seconds = sum(self.seconds.get(w, 0.0) for w in workloads)
-        return sum(self.tokens[w] for w in workloads) / seconds if seconds else 0.0
+        runs = [run for w in workloads for run in self.per_prompt.get(w, {}).values()]
+        seconds = sum(s for _, s in runs)
+        return sum(t for t, _ in runs) / seconds if seconds else 0.0
 
 
 def build_configs(
@@ -259,8 +253,10 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
         best = rows[best_name]
         best_config = next(c for c in fixed if c.name == best_name)
         best_totals: dict[str, float] = {}
+        best_runs: dict[int, tuple[int, float]] = {}
         for part in parts:
             _add(best_totals, **best_config.rounds.get(part, {}))
+            best_runs.update(best_config.per_prompt.get(part, {}))
         entry: dict[str, Any] = {
             "fixed": rows,
             "best_fixed": {
@@ -271,9 +267,6 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
             "plain_tokens_per_second": round(plain, 2),
             "adaptive": {},
         }
-        best_runs: dict[int, tuple[int, float]] = {}
-        for part in parts:
-            best_runs.update(best_config.per_prompt.get(part, {}))
         for config in adaptive[workload]:
             tps = config.tokens_per_second((workload,))
             low, high = paired_interval(config.per_prompt.get(workload, {}), best_runs)

@@ -84,18 +84,25 @@ class _CostLine:
     def known(self) -> bool:
         return self.weight > 0.0
 
-    def __call__(self, n: int) -> float:
+    def _fit(self) -> tuple[float, float, float]:
+        """``(mean length, mean seconds, slope >= 0)`` of the fit."""
         mean_n = self.n / self.weight
         mean_t = self.t / self.weight
         spread = self.nn / self.weight - mean_n * mean_n
         # With (nearly) one length seen the slope is unknown: flat, i.e. optimistic about longer
         # drafts, which the next rounds then measure.
         slope = 0.0 if spread < _MIN_SPREAD else (self.nt / self.weight - mean_n * mean_t) / spread
-        return max(mean_t + max(slope, 0.0) * (n - mean_n), _MIN_SECONDS)
+        return mean_n, mean_t, max(slope, 0.0)
+
+    def __call__(self, n: int) -> float:
+        mean_n, mean_t, slope = self._fit()
+        return max(mean_t + slope * (n - mean_n), _MIN_SECONDS)
 
     def many(self, count: int) -> np.ndarray:
-        """``[self(0), self(1), ..., self(count - 1)]`` as an array."""
-        return np.array([self(n) for n in range(count)])
+        """``[self(0), self(1), ..., self(count - 1)]`` as an array, from one fit."""
+        mean_n, mean_t, slope = self._fit()
+        seconds: np.ndarray = np.maximum(mean_t + slope * (np.arange(count) - mean_n), _MIN_SECONDS)
+        return seconds
 
 
 def expected_counts(probability: torch.Tensor, requested: int) -> tuple[list[float], list[float]]:
@@ -265,7 +272,7 @@ class ThroughputModel:
             mean_tokens = _tokens(alpha / (alpha + beta), rows)
             for row, d in enumerate(drafters):
                 drawn[d], mean[d] = drawn_tokens[row], mean_tokens[row]
-        lengths = np.arange(self.positions + 1)
+        lengths = np.arange(1, limit + 1)
         best_rate, best = -1.0, (0, 0)
         for index, (drafter, gamma) in enumerate(self.arms):
             if drafter is None or limit < 1:
@@ -282,7 +289,7 @@ class ThroughputModel:
                 if rate > best_rate:
                     best_rate, best = rate, (index, g)
                 continue
-            seconds = cost * lengths[1 : limit + 1] + verify[2 : limit + 2]
+            seconds = cost * lengths + verify[2 : limit + 2]
             rates = drawn[drafter][1 : limit + 1] / seconds
             g = int(rates.argmax())
             if rows * rates[g] > best_rate:

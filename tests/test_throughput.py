@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from flashspec.throughput import RETRY_FACTOR, ThroughputModel, expected_counts
+from flashspec.throughput import RETRY_FACTOR, ThroughputModel, _CostLine, expected_counts
 
 DRAFT_COST = 0.002  # seconds per draft
 VERIFY_BASE = 0.010  # seconds of a round's target side, plus ...
@@ -210,3 +210,13 @@ def test_bad_arguments() -> None:
             ThroughputModel([(0, None)], 1, **{name: 0})  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="at least one observed round"):
         ThroughputModel([(0, None)], 1).predict(0, 4, 0.5)
+
+
+def test_cost_line_many_is_the_line_at_every_length() -> None:
+    # choose() reads the whole line at once; it must be the line predict() reads point by point,
+    # fitted (spread lengths) or flat (one length seen) alike.
+    for points in ([(2, 0.011), (5, 0.012), (9, 0.014)], [(4, 0.02), (4, 0.021)]):
+        line = _CostLine()
+        for n, seconds in points:
+            line.add(n, seconds)
+        assert line.many(18).tolist() == pytest.approx([line(n) for n in range(18)], rel=1e-12)
