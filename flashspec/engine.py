@@ -342,13 +342,12 @@ class SpeculativeEngine:
         # A selector passed in beside the default "model" kind gets UCB1 twins (context).
         kind: SelectorKind = "ucb1" if bandit.selector == "model" else bandit.selector
         if selector is None and len(arms) > 1 and bandit.selector == "model":
-            # Two states per context: after a fully accepted round and after any other.
             model = ThroughputModel(
                 [(arm.drafter, arm.gamma) for arm in arms],
                 len(drafter_list),
                 default_gamma=config.sampling.gamma,
                 max_gamma=config.sampling.max_gamma,
-                n_states=4 if bandit.context == "lookup" else 2,
+                n_states=2 if bandit.context == "lookup" else 1,
                 memory=bandit.window_size or DEFAULT_MEMORY,
                 seed=bandit.seed,
             )
@@ -580,9 +579,9 @@ class SpeculativeEngine:
         context = self._context(gen) if choosing else 0
         model = self.model if choosing else None
         selector = self.selectors[context] if choosing and self.selectors else None
-        state = 2 * context + gen.last_full
+        full = gen.last_full
         if model is not None:
-            index, gamma = model.choose(state, len(gen.live), room - 1)
+            index, gamma = model.choose(context, len(gen.live), room - 1, full=full)
         else:
             index = selector.select() if selector is not None else 0
             gamma = min(gen.arm_gammas[index], room - 1)
@@ -658,12 +657,13 @@ class SpeculativeEngine:
         if learn and model is not None:
             counts = expected_counts(acceptance.probability, gamma)
             model.observe(
-                state,
+                context,
                 arm.drafter,
                 g,
                 counts,
                 drafted_at - chosen_at,
                 (chosen_at - start) + (end - drafted_at),
+                full=full,
             )
         elif learn and selector is not None:
             # Tokens per second of this round's wall time: what the choice bought, including

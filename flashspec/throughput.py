@@ -19,18 +19,22 @@ Each a_i is a Beta posterior per drafter, state and position. Its counts are exp
 probability with which the verifier accepted each draft (``min(1, p/q)`` under sampling, 0 or 1
 under greedy), weighted by the probability that the run reached it, rather than the coin flip
 itself, which removes most of the noise of sampled rounds. A position's prior is centred on the
-estimate of the position before it (position 1: uniform), so positions never drafted yet inherit
-what is known and the model dares longer drafts. The state
-is the selection context (whether prompt lookup has a match) and whether the previous round's
-drafts were all accepted: runs of acceptance span rounds too.
+estimate of the position before it, so positions never drafted yet inherit what is known and
+the model dares longer drafts. The state is the selection context (whether prompt lookup has a
+match); within it the estimates after a round whose drafts were all accepted and after any
+other are kept apart (runs of acceptance span rounds too). Position 1 of each borrows its prior
+from the other, at most as strongly as the other's own evidence: a drafter that had a few
+unlucky rounds in one of the two is judged there by what the other knows, not by those few
+alone, which once locked the best drafter out of a state for hundreds of rounds.
 
-Each round draws every a_i from its posterior (Thompson sampling) and takes the arm with the
-largest predicted tokens per second at its best draft length under the draws; that arm's draft
-length is then the best under the posterior means. Drawing explores drafters; the draft length
+Each round draws every a_i from its posterior (Thompson sampling). Each drafter's draft length
+is the best under the posterior means, and the arm taken is the one with the largest predicted
+tokens per second at that length under the draws. Drawing explores drafters; the draft length
 needs no exploration of its own (a position not drafted yet inherits the estimate of the one
-before), and choosing it from the means spares the rounds the jitter of the draws around the
-best length. The choice depends on past rounds and on the model's own random source only, never
-on the generation's, so the output stays exact.
+before), and rating a drafter at one length rather than at the best of many noisy drawn ones
+keeps a drafter known from few rounds from looking better than it is. The choice depends on past
+rounds and on the model's own random source only, never on the generation's, so the output
+stays exact.
 """
 
 from __future__ import annotations
@@ -56,12 +60,15 @@ PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
 docstring): enough to carry an estimate to a position not drafted yet, soon outweighed."""
 
-# The cost memories count a drafter's own rounds. Five times longer ones (commit b0ab922)
-# measured worse in a full `flashspec bench adaptive` run: the 3-layer draft took 45% of the
-# sampled mixed stream's rounds (1% at these memories), most likely because a drafter played
-# rarely kept the cost of its first few, lucky rounds for hundreds of rounds.
-_COST_WEIGHT = 0.1  # weight of a new measurement in a drafter's cost per draft (EMA)
-_LINE_DECAY = 0.98  # per-round decay of the verification-cost fit: ~50 rounds of memory
+# Cost memories. A drafter's cost per draft is the mean of its first _COST_MEMORY measured rounds,
+# then an exponential average over about as many of its own rounds; the verification line forgets
+# with every round (~200 rounds). Round times jitter by several ms on a busy CPU, and a cost
+# estimate that follows the jitter flips choices between arms a few percent apart (shorter
+# memories, weight 0.1 and decay 0.98, spread the draft length of one drafter over 2-5 under
+# sampling). Starting with the plain mean keeps a drafter played rarely from carrying the cost of
+# one lucky first round, which is what made longer memories lose before (commit b0ab922).
+_COST_MEMORY = 50
+_LINE_DECAY = 0.995
 _MIN_SPREAD = 0.25  # variance of the verified lengths below which the slope is not fitted
 _MIN_SECONDS = 1e-6  # floor of a predicted round time
 
@@ -190,36 +197,59 @@ class ThroughputModel:
     def reset(self) -> None:
         """Forget everything learned (costs, acceptance) and reseed."""
         self._rng = np.random.default_rng(self._seed)
-        shape = (self.n_states, self.n_drafters)
-        self._tried = [[[0.0] * self.positions for _ in range(shape[1])] for _ in range(shape[0])]
-        self._accepted = [
-            [[0.0] * self.positions for _ in range(shape[1])] for _ in range(shape[0])
-        ]
+        # Expected counts per state, previous round fully accepted or not, drafter, position.
+        shape = (self.n_states, 2, self.n_drafters, self.positions)
+        self._tried = np.zeros(shape)
+        self._accepted = np.zeros(shape)
         self._draft_cost: list[float | None] = [None] * self.n_drafters
+        self._cost_rounds = [0] * self.n_drafters
         self._line = _CostLine()
         self.rounds = 0
 
     # ------------------------------------------------------------------------------ queries
 
-    def _posteriors(self, state: int, drafter: int) -> list[tuple[float, float]]:
-        """Beta parameters per position, each prior centred on the position before it."""
-        tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
-        params: list[tuple[float, float]] = []
-        # Position 1: uniform. Borrowing from other states would drag a state where a drafter
-        # shines (prompt lookup on copied text) towards one where it has nothing to say.
-        strength, centre = 2.0, 0.5
-        for n, a in zip(tried, accepted, strict=True):
-            alpha = max(strength * centre + a, 1e-3)
-            beta = max(strength * (1.0 - centre) + n - a, 1e-3)
-            params.append((alpha, beta))
-            strength, centre = PRIOR_STRENGTH, alpha / (alpha + beta)
-        return params
+    def _posteriors(
+        self, state: int, full: bool, drafters: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Beta parameters ``(alpha, beta)``, each (len(drafters), positions).
 
-    def acceptance(self, state: int, drafter: int, position: int = 1) -> float:
+        Position 1's prior is the estimate of the sibling state (the same state after the other
+        kind of round), position i's the estimate of position i - 1.
+        """
+        f = int(full)
+        tried = self._tried[state, f][list(drafters)].tolist()
+        accepted = self._accepted[state, f][list(drafters)].tolist()
+        sibling_tried = self._tried[state, 1 - f, list(drafters), 0].tolist()
+        sibling_accepted = self._accepted[state, 1 - f, list(drafters), 0].tolist()
+        alphas: list[list[float]] = []
+        betas: list[list[float]] = []
+        # Plain floats: a few dozen scalar steps cost less than as many tiny numpy calls.
+        for n_row, a_row, n_sib, a_sib in zip(
+            tried, accepted, sibling_tried, sibling_accepted, strict=True
+        ):
+            # Position 1 borrows from the sibling (uniform when it knows nothing) with at most
+            # the strength of the sibling's own evidence. Not from other states: that would drag
+            # a state where a drafter shines (prompt lookup on copied text) towards one where it
+            # has nothing to say.
+            centre = (1.0 + a_sib) / (2.0 + n_sib)
+            strength = min(PRIOR_STRENGTH, 2.0 + n_sib)
+            alpha_row, beta_row = [], []
+            for n, a in zip(n_row, a_row, strict=True):
+                alpha = strength * centre + a
+                beta = strength * (1.0 - centre) + n - a
+                alpha_row.append(alpha)
+                beta_row.append(beta)
+                strength, centre = PRIOR_STRENGTH, alpha / (alpha + beta)
+            alphas.append(alpha_row)
+            betas.append(beta_row)
+        return np.maximum(alphas, 1e-3), np.maximum(betas, 1e-3)
+
+    def acceptance(self, state: int, drafter: int, position: int = 1, full: bool = False) -> float:
         """Posterior mean of the probability that draft ``position`` (1-based) is accepted
-        once the drafts before it were, in ``state``."""
-        alpha, beta = self._posteriors(state, drafter)[position - 1]
-        return alpha / (alpha + beta)
+        once the drafts before it were, in ``state`` after a fully accepted round (``full``)
+        or after any other."""
+        alpha, beta = self._posteriors(state, full, [drafter])
+        return float(alpha[0, position - 1] / (alpha[0, position - 1] + beta[0, position - 1]))
 
     def draft_cost(self, drafter: int) -> float | None:
         """Measured seconds per draft (None before the drafter's first measured round)."""
@@ -245,13 +275,16 @@ class ThroughputModel:
         tokens = float(_tokens(np.array([list(rates[:gamma])], dtype=np.float64), rows)[0, gamma])
         return rows * tokens / ((self._draft_cost[drafter] or 0.0) * gamma + self._line(gamma + 1))
 
-    def choose(self, state: int, rows: int = 1, max_gamma: int | None = None) -> tuple[int, int]:
+    def choose(
+        self, state: int, rows: int = 1, max_gamma: int | None = None, *, full: bool = False
+    ) -> tuple[int, int]:
         """The next round's ``(arm index, draft length)``.
 
         Args:
             state: which acceptance estimates apply (``0 <= state < n_states``).
             rows: live rows of the batch.
             max_gamma: longest useful draft this round (the room left), at most ``max_gamma``.
+            full: whether the previous round's drafts were all accepted.
         """
         limit = self.max_gamma if max_gamma is None else min(max_gamma, self.max_gamma)
         if not self._line.known:
@@ -259,15 +292,16 @@ class ThroughputModel:
             drafter, gamma = self.arms[0]
             return 0, self._length(drafter, gamma, limit)
         # Seconds of the target side by verified tokens, and per drafter and draft length
-        # 0..positions the tokens of a round: under one Thompson draw of every a_i (to pick the
-        # arm) and under the posterior means (to pick the chosen arm's draft length).
+        # 0..positions the tokens of a round under the posterior means (which pick a drafter's
+        # draft length) and under one Thompson draw of every a_i (which rates the drafter at
+        # that length, so that the draws explore drafters and not lengths: the best of many
+        # noisy lengths would overrate a drafter known from few rounds).
         verify = self._line.many(self.positions + 2)
         drafters = sorted({d for d, _ in self.arms if d is not None})
         drawn: dict[int, np.ndarray] = {}
         mean: dict[int, np.ndarray] = {}
         if drafters:
-            params = np.array([self._posteriors(state, d) for d in drafters])
-            alpha, beta = params[..., 0], params[..., 1]
+            alpha, beta = self._posteriors(state, full, drafters)
             drawn_tokens = _tokens(self._rng.beta(alpha, beta), rows)
             mean_tokens = _tokens(alpha / (alpha + beta), rows)
             for row, d in enumerate(drafters):
@@ -285,16 +319,14 @@ class ThroughputModel:
                 # A drafter not yet measured runs at its default length: optimistic (cost 0)
                 # so that it is tried soon, without an overlong first draft.
                 g = self._length(drafter, gamma, limit)
-                rate = rows * drawn[drafter][g] / ((cost or 0.0) * g + verify[g + 1])
-                if rate > best_rate:
-                    best_rate, best = rate, (index, g)
-                continue
-            seconds = cost * lengths + verify[2 : limit + 2]
-            rates = drawn[drafter][1 : limit + 1] / seconds
-            g = int(rates.argmax())
-            if rows * rates[g] > best_rate:
-                by_mean = int((mean[drafter][1 : limit + 1] / seconds).argmax())
-                best_rate, best = rows * float(rates[g]), (index, by_mean + 1)
+                seconds_g = (cost or 0.0) * g + verify[g + 1]
+            else:
+                seconds = cost * lengths + verify[2 : limit + 2]
+                g = int((mean[drafter][1 : limit + 1] / seconds).argmax()) + 1
+                seconds_g = float(seconds[g - 1])
+            rate = rows * float(drawn[drafter][g]) / seconds_g
+            if rate > best_rate:
+                best_rate, best = rate, (index, g)
         return best
 
     def _length(self, drafter: int | None, gamma: int | None, limit: int) -> int:
@@ -312,6 +344,8 @@ class ThroughputModel:
         counts: tuple[Sequence[float], Sequence[float]],
         draft_seconds: float,
         other_seconds: float,
+        *,
+        full: bool = False,
     ) -> None:
         """Learn from one round.
 
@@ -322,30 +356,30 @@ class ThroughputModel:
             counts: ``expected_counts`` of the round: tried and accepted per position.
             draft_seconds: wall time of drafting.
             other_seconds: the rest of the round (verification, acceptance, commit).
+            full: whether the round before it had all its drafts accepted (as passed to
+                ``choose``).
         """
         self.rounds += 1
         self._line.add(drafted + 1, other_seconds)
-        for d, (tried, accepted) in enumerate(
-            zip(self._tried[state], self._accepted[state], strict=True)
-        ):
-            decay = self._decay if d == drafter else self._decay_unplayed
-            for i in range(self.positions):
-                tried[i] *= decay
-                accepted[i] *= decay
+        decay = np.full((self.n_drafters, 1), self._decay_unplayed)
+        if drafter is not None:
+            decay[drafter] = self._decay
+        f = int(full)
+        self._tried[state, f] *= decay
+        self._accepted[state, f] *= decay
         if drafter is None:
             return
         if drafted > 0:
             per_draft = draft_seconds / drafted
-            old = self._draft_cost[drafter]
-            self._draft_cost[drafter] = (
-                per_draft if old is None else old + _COST_WEIGHT * (per_draft - old)
-            )
-        tried, accepted = self._tried[state][drafter], self._accepted[state][drafter]
-        for i, (n, a) in enumerate(zip(*counts, strict=True)):
-            if i >= self.positions:
-                break
-            tried[i] += n
-            accepted[i] += min(a, n)
+            self._cost_rounds[drafter] += 1
+            weight = 1.0 / min(self._cost_rounds[drafter], _COST_MEMORY)
+            old = self._draft_cost[drafter] or 0.0
+            self._draft_cost[drafter] = old + weight * (per_draft - old)
+        tried, accepted = counts
+        n = min(len(tried), self.positions)
+        new_tried = np.asarray(tried[:n], dtype=np.float64)
+        self._tried[state, f, drafter, :n] += new_tried
+        self._accepted[state, f, drafter, :n] += np.minimum(accepted[:n], new_tried)
 
 
 def _tokens(rates: np.ndarray, rows: int) -> np.ndarray:
