@@ -101,6 +101,10 @@ class _CostLine:
         slope = 0.0 if spread < _MIN_SPREAD else (self.nt / self.weight - mean_n * mean_t) / spread
         return mean_n, mean_t, max(slope, 0.0)
 
+    def mean_seconds(self) -> float:
+        """Weighted mean of the measured seconds (the line's level, free of its slope)."""
+        return max(self.t / self.weight, _MIN_SECONDS)
+
     def __call__(self, n: int) -> float:
         mean_n, mean_t, slope = self._fit()
         return max(mean_t + slope * (n - mean_n), _MIN_SECONDS)
@@ -150,7 +154,8 @@ class ThroughputModel:
         default_gamma: draft length of a drafter's rounds until its cost has been measured.
         max_gamma: longest draft length the model chooses.
         n_states: number of states (``state`` of ``choose``/``observe``) with separate
-            acceptance estimates.
+            acceptance estimates, each kept twice: after a fully accepted round (``full``)
+            and after any other.
         memory: rounds of memory of the acceptance posteriors (see ``DEFAULT_MEMORY``).
         seed: seed of the model's own random source (Thompson draws).
     """
@@ -201,7 +206,9 @@ class ThroughputModel:
         shape = (self.n_states, 2, self.n_drafters, self.positions)
         self._tried = np.zeros(shape)
         self._accepted = np.zeros(shape)
-        self._draft_cost: list[float | None] = [None] * self.n_drafters
+        # A drafter's seconds per draft as a fraction of the target side's mean round time
+        # (see draft_cost).
+        self._draft_share: list[float | None] = [None] * self.n_drafters
         self._cost_rounds = [0] * self.n_drafters
         self._line = _CostLine()
         self.rounds = 0
@@ -252,8 +259,15 @@ class ThroughputModel:
         return float(alpha[0, position - 1] / (alpha[0, position - 1] + beta[0, position - 1]))
 
     def draft_cost(self, drafter: int) -> float | None:
-        """Measured seconds per draft (None before the drafter's first measured round)."""
-        return self._draft_cost[drafter]
+        """Seconds per draft (None before the drafter's first measured round).
+
+        Kept as a share of the target side's mean round time and read at the target side's
+        current time: the machine's speed drifts (the plain rate of one benchmark run moved
+        between 65 and 85 tokens/s), and a drafter left unplayed would otherwise keep the cost
+        of a slower or faster stretch against drafters measured now.
+        """
+        share = self._draft_share[drafter]
+        return None if share is None else share * self._line.mean_seconds()
 
     def predict(
         self, drafter: int | None, gamma: int, acceptance: float | Sequence[float], rows: int = 1
@@ -273,7 +287,7 @@ class ThroughputModel:
             return rows / self._line(1)
         rates = [acceptance] * gamma if isinstance(acceptance, (int, float)) else acceptance
         tokens = float(_tokens(np.array([list(rates[:gamma])], dtype=np.float64), rows)[0, gamma])
-        return rows * tokens / ((self._draft_cost[drafter] or 0.0) * gamma + self._line(gamma + 1))
+        return rows * tokens / ((self.draft_cost(drafter) or 0.0) * gamma + self._line(gamma + 1))
 
     def choose(
         self, state: int, rows: int = 1, max_gamma: int | None = None, *, full: bool = False
@@ -314,7 +328,7 @@ class ThroughputModel:
                 if rate > best_rate:
                     best_rate, best = rate, (index, 0)
                 continue
-            cost = self._draft_cost[drafter]
+            cost = self.draft_cost(drafter)
             if gamma is not None or cost is None:
                 # A drafter not yet measured runs at its default length: optimistic (cost 0)
                 # so that it is tried soon, without an overlong first draft.
@@ -370,11 +384,11 @@ class ThroughputModel:
         if drafter is None:
             return
         if drafted > 0:
-            per_draft = draft_seconds / drafted
+            share = draft_seconds / drafted / self._line.mean_seconds()
             self._cost_rounds[drafter] += 1
             weight = 1.0 / min(self._cost_rounds[drafter], _COST_MEMORY)
-            old = self._draft_cost[drafter] or 0.0
-            self._draft_cost[drafter] = old + weight * (per_draft - old)
+            old = self._draft_share[drafter] or 0.0
+            self._draft_share[drafter] = old + weight * (share - old)
         tried, accepted = counts
         n = min(len(tried), self.positions)
         new_tried = np.asarray(tried[:n], dtype=np.float64)
