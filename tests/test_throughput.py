@@ -211,11 +211,20 @@ def test_a_drafter_known_from_few_rounds_is_rated_at_one_length() -> None:
 
 
 def test_a_draft_cost_is_the_mean_of_the_first_rounds_then_a_moving_average() -> None:
-    model = ThroughputModel([(0, None)], 1)
+    model = ThroughputModel([(0, None), (1, None)], 2)
+    # The first round stands in for the cost until the first round in a row replaces it.
+    model.observe(0, 0, 2, ([1.0, 1.0], [1.0, 1.0]), 0.03, 0.012)
+    assert model.draft_cost(0) == pytest.approx(0.015, rel=1e-12)
     costs = [0.004, 0.001, 0.002, 0.009]  # per round of 2 drafts: half per draft
     for seconds in costs:
         model.observe(0, 0, 2, ([1.0, 1.0], [1.0, 1.0]), seconds, 0.012)
     assert model.draft_cost(0) == pytest.approx(sum(costs) / len(costs) / 2, rel=1e-12)
+    # A round right after another drafter's also catches up on its tokens: not a cost sample.
+    model.observe(0, 1, 2, ([1.0, 1.0], [1.0, 1.0]), 0.006, 0.012)
+    model.observe(0, 0, 2, ([1.0, 1.0], [1.0, 1.0]), 0.05, 0.012)
+    assert model.draft_cost(0) == pytest.approx(sum(costs) / len(costs) / 2, rel=1e-12)
+    model.observe(0, 0, 2, ([1.0, 1.0], [1.0, 1.0]), 0.004, 0.012)
+    assert model.draft_cost(0) == pytest.approx((sum(costs) + 0.004) / 5 / 2, rel=1e-12)
     # After the first 50 rounds, each new one weighs 1/50: 50 more rounds at another cost
     # leave (1 - 1/50) ** 50 of the old level.
     model = ThroughputModel([(0, None)], 1)
