@@ -225,11 +225,11 @@ class ThroughputModel:
         Position 1's prior is the estimate of the sibling state (the same state after the other
         kind of round), position i's the estimate of position i - 1.
         """
-        f = int(full)
-        tried = self._tried[state, f][list(drafters)].tolist()
-        accepted = self._accepted[state, f][list(drafters)].tolist()
-        sibling_tried = self._tried[state, 1 - f, list(drafters), 0].tolist()
-        sibling_accepted = self._accepted[state, 1 - f, list(drafters), 0].tolist()
+        f, rows = int(full), list(drafters)
+        tried = self._tried[state, f, rows].tolist()
+        accepted = self._accepted[state, f, rows].tolist()
+        sibling_tried = self._tried[state, 1 - f, rows, 0].tolist()
+        sibling_accepted = self._accepted[state, 1 - f, rows, 0].tolist()
         alphas: list[list[float]] = []
         betas: list[list[float]] = []
         # Plain floats: a few dozen scalar steps cost less than as many tiny numpy calls.
@@ -377,8 +377,7 @@ class ThroughputModel:
         """
         self.rounds += 1
         self._line.add(drafted + 1, other_seconds)
-        if drafter is None:
-            self._last_drafter = None
+        switched, self._last_drafter = drafter != self._last_drafter, drafter
         decay = np.full((self.n_drafters, 1), self._decay_unplayed)
         if drafter is not None:
             decay[drafter] = self._decay
@@ -392,7 +391,6 @@ class ThroughputModel:
         # made a drafter explored early in a stream look dearer than it is for its first 50
         # rounds, and the model settled on a worse one. Such rounds only stand in (their mean)
         # until the drafter's first round in a row replaces them.
-        switched, self._last_drafter = drafter != self._last_drafter, drafter
         count = 0
         if drafted > 0 and not switched:
             self._cost_rounds[drafter] += 1
