@@ -248,7 +248,7 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
         f"{s['prompts_per_workload']['copy']} copy prompts (a held-out stdlib function, then its "
         "own `def` line under a new name), and both shuffled into one mixed stream; "
         f"{s['max_new_tokens']} new tokens each (EOS ignored). Every configuration runs on "
-        "every prompt, interleaved per prompt. Fixed: each drafter at gamma "
+        f"every prompt, interleaved per prompt{_order_and_seeds(s)}. Fixed: each drafter at gamma "
         f"{'/'.join(map(str, s['fixed_gammas']))}, with dynamic gamma, a draft model with the "
         "confidence stop, and plain decoding. Adaptive: "
         f"{s['adaptive_arms']}; each adaptive engine carries what it learned through the "
@@ -294,6 +294,15 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
         verdict = ", ".join(f"{name} {'✓' if ok else '✗'}" for name, ok in checks.items())
         lines.append(f"- {key}: {verdict}")
     return lines
+
+
+def _order_and_seeds(settings: dict[str, Any]) -> str:
+    # Older files predate both: a fixed order and one seed per prompt.
+    seeds = settings.get("sampled_seeds")
+    if seeds is None:
+        return ""
+    passes = "one pass" if seeds == 1 else f"{seeds} passes over the stream with fresh seeds"
+    return f" in a random order per prompt; greedy makes one pass, sampled {passes}"
 
 
 def serve_section(data: dict[str, Any]) -> str:

@@ -14,9 +14,11 @@ learned through its workload's prompts in order, as a server would.
 One pass over the mixed stream runs, for each prompt, every fixed configuration (they keep no
 state between prompts, so their per-workload numbers are sums over the prompts of that
 workload), the adaptive engines of the mixed stream, and the adaptive engines of the prompt's
-own workload: everything is interleaved, so drift of the machine's speed hits every
-configuration alike. Tokens/s = new tokens / seconds inside the engine's rounds, summed over a
-workload's prompts.
+own workload, in a fresh random order per prompt: everything is interleaved, so drift of the
+machine's speed hits every configuration alike. The sampled regime can make several passes with
+fresh seeds (``--seeds``): a sampled continuation, and with it its speed, differs from seed to
+seed, and one pass of 20 prompts per workload leaves intervals of about +-10%. Tokens/s = new
+tokens / seconds inside the engine's rounds, summed over a workload's prompts and passes.
 """
 
 from __future__ import annotations
@@ -120,16 +122,20 @@ class Config:
     kind: str  # "fixed", "plain" or "adaptive"
     engine: SpeculativeEngine
     arm_rounds: dict[str, Counter[str]] = field(default_factory=dict)
-    # Per workload, by the prompt's seed (its place in the stream): (tokens, seconds).
+    # Per workload, by the prompt's place in the stream: (tokens, seconds) summed over its seeds.
     per_prompt: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
     # Per workload: rounds, drafts, emitted tokens (per row) and seconds (all, and drafting).
     rounds: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def run(self, workload: str, ids: list[int], max_new: int, seed: int) -> None:
+    def run(self, workload: str, ids: list[int], max_new: int, seed: int, prompt: int) -> None:
+        """Generate once; the run counts towards ``prompt`` (its place in the stream), whose
+        runs under several seeds add up."""
         with _quiet_timing():
             result = self.engine.generate(ids, max_new_tokens=max_new, ignore_eos=True, seed=seed)
         stats = result.stats
-        self.per_prompt.setdefault(workload, {})[seed] = (stats.new_tokens, stats.time_total)
+        runs = self.per_prompt.setdefault(workload, {})
+        tokens, seconds = runs.get(prompt, (0, 0.0))
+        runs[prompt] = (tokens + stats.new_tokens, seconds + stats.time_total)
         _add(
             self.rounds.setdefault(workload, {}),
             rounds=stats.row_rounds,
@@ -229,17 +235,26 @@ def run_regime(
                 selector.reset()
             if config.engine.model is not None:
                 config.engine.model.reset()
-    for position, (prompt, ids) in enumerate(
-        bench.progress(stream, desc=f"adaptive [{regime}]", disable=args.no_progress)
+    # Greedy output does not depend on the seed; a sampled one does, and so does its speed.
+    seeds = 1 if REGIMES[regime].temperature == 0 else getattr(args, "seeds", 1)
+    passes = [(seed, position) for seed in range(seeds) for position in range(len(stream))]
+    for seed, position in bench.progress(
+        passes, desc=f"adaptive [{regime}]", disable=args.no_progress
     ):
-        seed = 1000 + position
-        for config in fixed:
-            config.run(prompt.source, ids, args.max_new_tokens, seed)
-        for config in adaptive[prompt.source]:
-            config.run(prompt.source, ids, args.max_new_tokens, seed)
-        for config in adaptive["mixed"]:
-            config.run("mixed", ids, args.max_new_tokens, seed)
+        prompt, ids = stream[position]
+        runs = [(config, prompt.source) for config in [*fixed, *adaptive[prompt.source]]]
+        runs += [(config, "mixed") for config in adaptive["mixed"]]
+        # A fresh order for every prompt: a configuration that always ran last would meet the
+        # machine in whatever state the others left it.
+        generation_seed = 1000 + position + SEED_STRIDE * seed
+        random.Random(generation_seed).shuffle(runs)
+        for config, workload in runs:
+            config.run(workload, ids, args.max_new_tokens, generation_seed, position)
     return summarise(fixed, adaptive)
+
+
+SEED_STRIDE = 100_000
+"""Generation seeds of a prompt's later passes: ``1000 + position + SEED_STRIDE * pass``."""
 
 
 def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[str, Any]:
@@ -310,7 +325,8 @@ def paired_interval(
 ) -> tuple[float, float]:
     """95% bootstrap interval of ``tokens/s(runs) / tokens/s(reference)``, resampling prompts.
 
-    Both map a prompt (its seed) to ``(tokens, seconds)``; a resample keeps each prompt's pair
+    Both map a prompt (its place in the stream) to ``(tokens, seconds)``; a resample keeps each
+    prompt's pair
     together: how hard a prompt is cancels, what is left is the noise
     of sampling and of the machine. The best fixed arm is the maximum of many noisy
     configurations, so its own ratio is biased upwards; the interval says how far apart two
@@ -401,6 +417,7 @@ def main(args: argparse.Namespace) -> int:
                 if name in regimes
             },
             "prompts_per_workload": {"humaneval": len(humaneval), "copy": len(copy)},
+            "sampled_seeds": args.seeds,
             "max_new_tokens": args.max_new_tokens,
             "max_prompt_tokens": args.max_prompt_tokens,
             "window_size": args.window,
@@ -486,6 +503,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_selector_list,
         default=SELECTORS,
         help=f"comma-separated adaptive selectors (default {','.join(SELECTORS)})",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=_argtypes.positive_int,
+        default=1,
+        help="passes over the stream with fresh seeds in the sampled regime (default 1; greedy "
+        "output is the same under every seed, so greedy makes one pass)",
     )
     parser.add_argument(
         "--threads", type=_argtypes.positive_int, default=None, help="torch threads"

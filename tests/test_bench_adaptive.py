@@ -36,8 +36,10 @@ def test_mixed_stream_keeps_each_workload_in_order() -> None:
     assert [p.id for p in stream] != [p.id for p in he + cp]  # actually shuffled
 
 
-@pytest.fixture(scope="module")
-def regime() -> dict[str, Any]:
+MAX_NEW = 6
+
+
+def tiny_regime(name: str, seeds: int = 1) -> dict[str, Any]:
     tokenizer = build_char_tokenizer()
     target_model = build_llama(0, layers=2)
     target = TargetModel(model=target_model, tokenizer=tokenizer)
@@ -51,9 +53,20 @@ def regime() -> dict[str, Any]:
         for i, (source, text) in enumerate(texts)
     ]
     args = argparse.Namespace(
-        window=None, exploration=0.3, max_new_tokens=6, no_progress=True, selectors=A.SELECTORS
+        window=None,
+        exploration=0.3,
+        max_new_tokens=MAX_NEW,
+        no_progress=True,
+        selectors=A.SELECTORS,
+        seeds=seeds,
     )
-    return A.run_regime("greedy", target, drafters, stream, args)
+    return A.run_regime(name, target, drafters, stream, args)
+
+
+@pytest.fixture(scope="module")
+def regime() -> dict[str, Any]:
+    # Greedy makes one pass whatever --seeds says.
+    return tiny_regime("greedy", seeds=3)
 
 
 def test_regime_schema(regime: dict[str, Any]) -> None:
@@ -130,3 +143,50 @@ def test_selector_list_option() -> None:
     for bad in ("", "eps", "model,eps"):
         with pytest.raises(argparse.ArgumentTypeError, match="one or more of model"):
             A._selector_list(bad)
+
+
+def test_sampled_passes_add_up_per_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, int, int]] = []
+    run = A.Config.run
+
+    def record(
+        self: A.Config, workload: str, ids: list[int], max_new: int, seed: int, prompt: int
+    ) -> None:
+        seen.append((self.name, seed, prompt))
+        run(self, workload, ids, max_new, seed, prompt)
+
+    monkeypatch.setattr(A.Config, "run", record)
+    sampled = tiny_regime("sample", seeds=2)
+    configs = len(sampled["humaneval"]["fixed"]) + 2 * len(A.SELECTORS)
+    # Two passes over both prompts, every configuration once per prompt and pass, each pass
+    # under its own seeds.
+    assert len(seen) == 2 * 2 * configs
+    assert {seed for _, seed, _ in seen} == {1000, 1001, 1000 + A.SEED_STRIDE, 1001 + A.SEED_STRIDE}
+    # A fresh order per prompt: the same configuration does not always run first.
+    firsts = {seen[i * configs][0] for i in range(4)}
+    assert len(firsts) > 1, firsts
+    # Greedy output is the same under every seed: one pass.
+    seen.clear()
+    tiny_regime("greedy", seeds=2)
+    assert len(seen) == 2 * configs and {seed for _, seed, _ in seen} == {1000, 1001}
+
+
+def test_runs_of_one_prompt_add_up() -> None:
+    class Engine:
+        def generate(self, ids: list[int], **kwargs: Any) -> Any:
+            stats = argparse.Namespace(
+                new_tokens=5,
+                time_total=0.5,
+                row_rounds=1,
+                drafted=0,
+                emitted=5,
+                time_draft=0.0,
+                arm_rounds={"plain": 1},
+            )
+            return argparse.Namespace(stats=stats)
+
+    config = A.Config("x", "plain", Engine())  # type: ignore[arg-type]
+    config.run("copy", [1], 5, seed=1000, prompt=0)
+    config.run("copy", [1], 5, seed=1000 + A.SEED_STRIDE, prompt=0)
+    config.run("copy", [1], 5, seed=1001, prompt=1)
+    assert config.per_prompt["copy"] == {0: (10, 1.0), 1: (5, 0.5)}
