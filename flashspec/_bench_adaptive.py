@@ -236,7 +236,7 @@ def run_regime(
             if config.engine.model is not None:
                 config.engine.model.reset()
     # Greedy output does not depend on the seed; a sampled one does, and so does its speed.
-    seeds = 1 if REGIMES[regime].temperature == 0 else getattr(args, "seeds", 1)
+    seeds = 1 if REGIMES[regime].temperature == 0 else args.seeds
     passes = [(seed, position) for seed in range(seeds) for position in range(len(stream))]
     for seed, position in bench.progress(
         passes, desc=f"adaptive [{regime}]", disable=args.no_progress
@@ -326,9 +326,8 @@ def paired_interval(
     """95% bootstrap interval of ``tokens/s(runs) / tokens/s(reference)``, resampling prompts.
 
     Both map a prompt (its place in the stream) to ``(tokens, seconds)``; a resample keeps each
-    prompt's pair
-    together: how hard a prompt is cancels, what is left is the noise
-    of sampling and of the machine. The best fixed arm is the maximum of many noisy
+    prompt's pair together: how hard a prompt is cancels, what is left is the noise of sampling
+    and of the machine. The best fixed arm is the maximum of many noisy
     configurations, so its own ratio is biased upwards; the interval says how far apart two
     configurations can be by chance alone.
     """
