@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
@@ -90,6 +91,20 @@ def test_regime_schema(regime: dict[str, Any]) -> None:
             assert 0 <= per_round["draft_ms"] <= per_round["ms"]
         best = entry["best_fixed"]["per_round"]
         assert 1 <= best["emitted"] <= best["drafted"] + 1
+        # The raw runs are stored, and they add up to the reported speeds.
+        assert set(entry["per_prompt"]) == set(fixed) | set(entry["adaptive"])
+        for name, runs in entry["per_prompt"].items():
+            tps = sum(t for _, t, _ in runs) / sum(s for _, _, s in runs)
+            reported = fixed.get(name) or entry["adaptive"][name]["tokens_per_second"]
+            assert tps == pytest.approx(reported, abs=0.01), name
+    # One prompt per workload: nothing to hold out; the mixed stream has two.
+    assert regime["humaneval"]["held_out_best_fixed"] == {"tokens_per_second": 0.0, "chosen": []}
+    held_out = regime["mixed"]["held_out_best_fixed"]
+    assert len(held_out["chosen"]) == 2 and held_out["tokens_per_second"] > 0
+    for run in regime["mixed"]["adaptive"].values():
+        assert run["vs_held_out_best_fixed"] == pytest.approx(
+            run["tokens_per_second"] / held_out["tokens_per_second"], rel=1e-3
+        )
 
 
 def test_regime_interval_holds_the_ratio(regime: dict[str, Any]) -> None:
@@ -118,6 +133,37 @@ def test_paired_interval_against_exact_ratios() -> None:
     assert low < whole < high and high - low > 0.1
     # Prompts that do not pair up give no interval.
     assert all(map(math.isnan, A.paired_interval(base, {0: (1, 1.0)})))
+
+
+def test_held_out_best_chooses_on_the_other_half() -> None:
+    # Prompts 0, 2 form one half, 1, 3 the other. "a" is fastest on the first, "b" on the
+    # second: each half is measured with the configuration the other half chose.
+    runs = {
+        "a": {0: (100, 1.0), 1: (100, 4.0), 2: (100, 1.0), 3: (100, 4.0)},
+        "b": {0: (100, 2.0), 1: (100, 2.0), 2: (100, 2.0), 3: (100, 2.0)},
+        "c": {0: (100, 8.0), 1: (100, 8.0), 2: (100, 8.0), 3: (100, 8.0)},
+    }
+    tps, chosen = A.held_out_best(runs)
+    assert chosen == ["b", "a"]
+    # Half {0, 2} measured with b (4 s), half {1, 3} with a (8 s).
+    assert tps == pytest.approx(400 / 12)
+    assert A.held_out_best({"a": {0: (1, 1.0)}}) == (0.0, [])
+
+
+def test_held_out_best_is_free_of_the_maximums_bias() -> None:
+    # 15 configurations of the same true speed (100 tokens/s) measured with 10% noise per
+    # prompt: the largest of the measured speeds overstates it, the held-out choice does not.
+    rng = np.random.default_rng(0)
+    largest, held_out = [], []
+    for _ in range(200):
+        runs = {
+            f"arm{i}": {k: (100, float(np.exp(rng.normal(0.0, 0.1)))) for k in range(40)}
+            for i in range(15)
+        }
+        largest.append(max(A._rate(r, set(range(40))) for r in runs.values()))
+        held_out.append(A.held_out_best(runs)[0])
+    assert np.mean(largest) > 102.0
+    assert abs(np.mean(held_out) - 100.0) < 0.5
 
 
 def test_mixed_fixed_numbers_pool_both_workloads(regime: dict[str, Any]) -> None:
