@@ -18,7 +18,10 @@ own workload, in a fresh random order per prompt: everything is interleaved, so 
 machine's speed hits every configuration alike. The sampled regime can make several passes with
 fresh seeds (``--seeds``): a sampled continuation, and with it its speed, differs from seed to
 seed, and one pass of 20 prompts per workload leaves intervals of about +-10%. Tokens/s = new
-tokens / seconds inside the engine's rounds, summed over a workload's prompts and passes.
+tokens / seconds inside the engine's rounds, summed over a workload's prompts and passes. Next
+to the best fixed configuration (the largest of many noisy measurements, which overstates it)
+the summary gives the best one chosen on held-out prompts (``held_out_best``, which understates
+it), and the JSON keeps every run's tokens and seconds.
 """
 
 from __future__ import annotations
