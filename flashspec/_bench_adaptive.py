@@ -150,9 +150,8 @@ class Config:
         self.arm_rounds.setdefault(workload, Counter()).update(stats.arm_rounds)
 
     def tokens_per_second(self, workloads: tuple[str, ...]) -> float:
-        runs = [run for w in workloads for run in self.per_prompt.get(w, {}).values()]
-        seconds = sum(s for _, s in runs)
-        return sum(t for t, _ in runs) / seconds if seconds else 0.0
+        runs = _merged(self, workloads)
+        return _rate(runs, set(runs))
 
 
 def build_configs(
@@ -273,8 +272,9 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
         best_totals: dict[str, float] = {}
         for part in parts:
             _add(best_totals, **best_config.rounds.get(part, {}))
-        best_runs = _merged(best_config, parts)
-        held_out, chosen = held_out_best({c.name: _merged(c, parts) for c in fixed})
+        fixed_runs = {c.name: _merged(c, parts) for c in fixed}
+        best_runs = fixed_runs[best_name]
+        held_out, chosen = held_out_best(fixed_runs)
         entry: dict[str, Any] = {
             "fixed": rows,
             "best_fixed": {
@@ -301,12 +301,10 @@ def summarise(fixed: list[Config], adaptive: dict[str, list[Config]]) -> dict[st
             }
         # The raw runs, for analyses the summary does not make. Adaptive engines of the mixed
         # stream keep their runs under it, fixed configurations under each prompt's workload.
+        own_runs = {c.name: _merged(c, (workload,)) for c in adaptive[workload]}
         entry["per_prompt"] = {
-            c.name: [[k, *v] for k, v in sorted(_merged(c, own).items())]
-            for c, own in [
-                *((c, parts) for c in fixed),
-                *((c, (workload,)) for c in adaptive[workload]),
-            ]
+            name: [[k, *v] for k, v in sorted(runs.items())]
+            for name, runs in {**fixed_runs, **own_runs}.items()
         }
         result[workload] = entry
     return result
