@@ -313,3 +313,32 @@ def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
         assert _has_ngram_match(tokens, left, n) == expected, (tokens, left)
         seen[expected] += 1
     assert seen[True] > 30 and seen[False] > 30, seen
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_incremental_probe_agrees_with_the_full_search(n: int) -> None:
+    # The engine's probe keeps an index that grows with each round's tokens; it must answer
+    # like a search over the whole row at every length, with padding, and after rows leave.
+    from flashspec.engine import _has_ngram_match, _NgramIndex
+
+    generator = torch.Generator().manual_seed(10 + n)
+    seen = Counter()
+    for trial in range(60):
+        rows = 1 + trial % 3
+        tokens = torch.randint(0, 4, (rows, 1 + trial % 4), generator=generator)
+        left = torch.randint(0, tokens.shape[1], (rows,), generator=generator) * (trial % 2)
+        index: _NgramIndex | None = None
+        for _ in range(12):
+            if index is None or not index.follows(tokens):
+                index = _NgramIndex(n, tokens, left)
+            expected = _has_ngram_match(tokens, left, n)
+            assert index.match(tokens) == expected, (tokens, left)
+            seen[expected] += 1
+            step = 1 + int(torch.randint(0, 4, (1,), generator=generator))
+            tokens = torch.cat(
+                [tokens, torch.randint(0, 4, (tokens.shape[0], step), generator=generator)], dim=1
+            )
+            if tokens.shape[0] > 1 and torch.rand(1, generator=generator) < 0.2:
+                keep = torch.tensor([0, tokens.shape[0] - 1][: tokens.shape[0] - 1])
+                tokens, left = tokens[keep], left[keep]
+    assert seen[True] > 100 and seen[False] > 50, seen
