@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from flashspec import bench
-from flashspec._bench_adaptive import REGIMES, copy_prompts, load_drafters_for, mixed_stream
+from flashspec._bench_adaptive import (
+    REGIMES,
+    SEED_STRIDE,
+    copy_prompts,
+    load_drafters_for,
+    mixed_stream,
+)
 from flashspec._bench_engine import encode, load_pair
 from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import Drafter
@@ -72,6 +78,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=20, help="prompts per workload")
     parser.add_argument("--seeds", type=int, default=4, help="passes with fresh seeds")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-prompt-tokens", type=int, default=192)
     parser.add_argument("--out", default="benchmarks/results/adaptive_ablation.json")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
@@ -89,7 +96,7 @@ def main() -> int:
         "copy": copy,
         "mixed": mixed_stream(humaneval, copy, seed=0),
     }[args.workload]
-    ids = [encode(pair, p.text, 192) for p in prompts]
+    ids = [encode(pair, p.text, args.max_prompt_tokens) for p in prompts]
     sampling = REGIMES[args.regime]
     configs = engines(target, drafters, sampling)
     for engine in configs.values():
@@ -105,7 +112,8 @@ def main() -> int:
     started = time.perf_counter()
     passes = [(seed, position) for seed in range(seeds) for position in range(len(ids))]
     for seed, position in bench.progress(passes, desc="ablation", disable=args.no_progress):
-        generation_seed = 1000 + position + 100_000 * seed
+        # The seeds of `flashspec bench adaptive`, so a prompt's passes match there and here.
+        generation_seed = 1000 + position + SEED_STRIDE * seed
         order = list(configs.items())
         random.Random(generation_seed).shuffle(order)
         for name, engine in order:
