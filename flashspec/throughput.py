@@ -40,6 +40,7 @@ stays exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -59,6 +60,18 @@ everywhere) re-trying the others (``flashspec bench adaptive``, commits 612ef84 
 PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
 docstring): enough to carry an estimate to a position not drafted yet, soon outweighed."""
+
+PLAN_ROUNDS = 8
+"""Rounds a state's plan (posteriors, each drafter's best draft length under them, costs) is
+reused by ``choose`` before it is remade. The Thompson draws stay fresh every round: keeping a
+whole choice for 8 rounds instead (commit fcd9640) made every lucky draw of a slower drafter
+cost 8 rounds, and the copy stream spent 887 of 1,533 sampled rounds on demo-draft3."""
+
+_SETTLED = 32.0
+"""Expected first-position drafts a drafter needs in a state before a round of it there leaves
+the state's plan in place: its first rounds move its estimates (and its first measured rounds
+its cost) far more than 1/memory, and a plan that lagged them would keep drawing from a
+posterior already refuted."""
 
 # Cost memories. A drafter's cost per draft is the mean of its first _COST_MEMORY measured rounds,
 # then an exponential average over about as many of its own rounds; the verification line forgets
@@ -213,6 +226,7 @@ class ThroughputModel:
         self._stand_in_rounds = [0] * self.n_drafters  # rounds after a switch measured
         self._last_drafter: int | None = None
         self._line = _CostLine()
+        self._plans: dict[tuple[int, bool, int], _Plan] = {}
         self.rounds = 0
 
     # ------------------------------------------------------------------------------ queries
@@ -307,43 +321,91 @@ class ThroughputModel:
             # Nothing measured yet: the first arm at its own or the default length.
             drafter, gamma = self.arms[0]
             return 0, self._length(drafter, gamma, limit)
-        # Seconds of the target side by verified tokens, and per drafter and draft length
-        # 0..positions the tokens of a round under the posterior means (which pick a drafter's
-        # draft length) and under one Thompson draw of every a_i (which rates the drafter at
-        # that length, so that the draws explore drafters and not lengths: the best of many
-        # noisy lengths would overrate a drafter known from few rounds).
-        verify = self._line.many(self.positions + 2)
-        drafters = sorted({d for d, _ in self.arms if d is not None})
-        drawn: dict[int, np.ndarray] = {}
-        mean: dict[int, np.ndarray] = {}
-        if drafters:
-            alpha, beta = self._posteriors(state, full, drafters)
-            drawn_tokens = _tokens(self._rng.beta(alpha, beta), rows)
-            mean_tokens = _tokens(alpha / (alpha + beta), rows)
-            for row, d in enumerate(drafters):
-                drawn[d], mean[d] = drawn_tokens[row], mean_tokens[row]
-        lengths = np.arange(1, limit + 1)
+        plan = self._plan(state, full, rows)
+        # One Thompson draw of a_1..a_g per drafter, at the longest length its arms take this
+        # round, all in one call: the draws explore drafters, never lengths.
+        lengths = [min(g, limit) for g in plan.lengths]
+        longest = dict.fromkeys(plan.drafters, 0)
+        for (drafter, _), g in zip(self.arms, lengths, strict=True):
+            if drafter is not None:
+                longest[drafter] = max(longest[drafter], g)
+        alphas: list[float] = []
+        betas: list[float] = []
+        for d, g in longest.items():
+            alphas += plan.alpha[d][:g]
+            betas += plan.beta[d][:g]
+        drawn = self._rng.beta(alphas, betas).tolist() if alphas else []
+        tokens: dict[int, list[float]] = {}
+        at = 0
+        for d, g in longest.items():
+            # tokens[d][k]: expected tokens per row of a round of length k under the draw.
+            run, total, row = 1.0, 1.0, [1.0]
+            for x in drawn[at : at + g]:
+                run *= x**rows
+                total += run
+                row.append(total)
+            tokens[d], at = row, at + g
         best_rate, best = -1.0, (0, 0)
-        for index, (drafter, gamma) in enumerate(self.arms):
+        for index, ((drafter, _), g) in enumerate(zip(self.arms, lengths, strict=True)):
             if drafter is None or limit < 1:
-                rate = rows / verify[1]
-                if rate > best_rate:
-                    best_rate, best = rate, (index, 0)
-                continue
-            cost = self.draft_cost(drafter)
-            if gamma is not None or cost is None:
-                # A drafter not yet measured runs at its default length: optimistic (cost 0)
-                # so that it is tried soon, without an overlong first draft.
-                g = self._length(drafter, gamma, limit)
-                seconds_g = (cost or 0.0) * g + verify[g + 1]
+                rate = rows / plan.verify[1]
+                g = 0
             else:
-                seconds = cost * lengths + verify[2 : limit + 2]
-                g = int((mean[drafter][1 : limit + 1] / seconds).argmax()) + 1
-                seconds_g = float(seconds[g - 1])
-            rate = rows * float(drawn[drafter][g]) / seconds_g
+                rate = rows * tokens[drafter][g] / (plan.costs[index] * g + plan.verify[g + 1])
             if rate > best_rate:
                 best_rate, best = rate, (index, g)
         return best
+
+    def _plan(self, state: int, full: bool, rows: int) -> _Plan:
+        """What ``choose`` needs of the estimates in a state, kept for a few rounds.
+
+        Recomputing it every round was most of the model's own time (~0.4 ms a round in the
+        engine, 2.6% of a sampled round of the demo pair, ``benchmarks/adaptive_ablation.py``),
+        while the estimates it reads move by about 1/memory a round once settled. Only the
+        draws are fresh every round; see ``PLAN_ROUNDS`` for when a plan is remade.
+        """
+        key = (state, full, rows)
+        plan = self._plans.get(key)
+        if plan is not None and self.rounds - plan.made < PLAN_ROUNDS:
+            return plan
+        verify = self._line.many(self.positions + 2)
+        drafters = sorted({d for d, _ in self.arms if d is not None})
+        alpha, beta = (
+            self._posteriors(state, full, drafters) if drafters else (np.zeros((0, 0)),) * 2
+        )
+        mean_tokens = _tokens(alpha / (alpha + beta), rows) if drafters else alpha
+        row_of = {d: row for row, d in enumerate(drafters)}
+        lengths: list[int] = []
+        costs: list[float] = []
+        every = np.arange(1, self.max_gamma + 1)
+        for drafter, gamma in self.arms:
+            cost = None if drafter is None else self.draft_cost(drafter)
+            if drafter is None:
+                g = 0
+            elif gamma is not None or cost is None:
+                # A drafter not yet measured runs at its default length: optimistic (cost 0)
+                # so that it is tried soon, without an overlong first draft.
+                g = self._length(drafter, gamma, self.max_gamma)
+            else:
+                # The best length under the posterior means. Tokens are concave in the length
+                # and seconds convex, so their ratio rises to this length and falls after it:
+                # where less room is left, the room itself is the best length (choose clips).
+                seconds = cost * every + verify[2 : self.max_gamma + 2]
+                rates = mean_tokens[row_of[drafter], 1 : self.max_gamma + 1] / seconds
+                g = int(rates.argmax()) + 1
+            lengths.append(g)
+            costs.append(cost or 0.0)
+        plan = _Plan(
+            made=self.rounds,
+            drafters=drafters,
+            lengths=lengths,
+            costs=costs,
+            verify=verify.tolist(),
+            alpha={d: alpha[row].tolist() for d, row in row_of.items()},
+            beta={d: beta[row].tolist() for d, row in row_of.items()},
+        )
+        self._plans[key] = plan
+        return plan
 
     def _length(self, drafter: int | None, gamma: int | None, limit: int) -> int:
         if drafter is None:
@@ -398,6 +460,8 @@ class ThroughputModel:
         elif drafted > 0 and self._cost_rounds[drafter] == 0:
             self._stand_in_rounds[drafter] += 1
             count = self._stand_in_rounds[drafter]
+        if 0 < count < _COST_MEMORY or self._tried[state, f, drafter, 0] < _SETTLED:
+            self._plans.clear()
         if count:
             share = draft_seconds / drafted / self._line.mean_seconds()
             weight = 1.0 / min(count, _COST_MEMORY)
@@ -408,6 +472,21 @@ class ThroughputModel:
         new_tried = np.asarray(tried[:n], dtype=np.float64)
         self._tried[state, f, drafter, :n] += new_tried
         self._accepted[state, f, drafter, :n] += np.minimum(accepted[:n], new_tried)
+
+
+@dataclass
+class _Plan:
+    """``ThroughputModel._plan``: per drafter the Beta parameters of its acceptance by position
+    (lists, one entry a position), per arm its draft length at full room and cost per draft, and
+    the target side's seconds by verified tokens; ``made`` is the model's round count then."""
+
+    made: int
+    drafters: list[int]
+    lengths: list[int]
+    costs: list[float]
+    verify: list[float]
+    alpha: dict[int, list[float]]
+    beta: dict[int, list[float]]
 
 
 def _tokens(rates: np.ndarray, rows: int) -> np.ndarray:

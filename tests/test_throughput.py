@@ -7,6 +7,7 @@ length by brute force over the formula.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import random
@@ -14,7 +15,14 @@ import random
 import pytest
 import torch
 
-from flashspec.throughput import RETRY_FACTOR, ThroughputModel, _CostLine, expected_counts
+from flashspec.throughput import (
+    _COST_MEMORY,
+    PLAN_ROUNDS,
+    RETRY_FACTOR,
+    ThroughputModel,
+    _CostLine,
+    expected_counts,
+)
 
 DRAFT_COST = 0.002  # seconds per draft
 VERIFY_BASE = 0.010  # seconds of a round's target side, plus ...
@@ -288,3 +296,50 @@ def test_cost_line_many_is_the_line_at_every_length() -> None:
         for n, seconds in points:
             line.add(n, seconds)
         assert line.many(18).tolist() == pytest.approx([line(n) for n in range(18)], rel=1e-12)
+
+
+def test_the_room_left_clips_the_best_length_to_the_best_length_within_it() -> None:
+    # choose() finds a drafter's best length once, at full room, and clips it to the room left:
+    # exact only if the predicted rate rises up to its best length and falls after it. Checked
+    # against predict() at every length within the room, for acceptance that rises along the
+    # run (a late best length) and that falls (an early one).
+    for rates in ([0.5, 0.7, 0.9, 0.95, 0.97, 0.98, 0.99, 0.99], [0.9, 0.8, 0.6, 0.4, 0.3]):
+        model = ThroughputModel([(0, None)], 1, max_gamma=12, seed=0)
+        rng = random.Random(0)
+        for r in range(400):
+            g = 1 + r % len(rates)
+            probability = torch.tensor([rates[:g]], dtype=torch.float64)
+            seconds = VERIFY_BASE + VERIFY_PER_TOKEN * (g + 1) * (1 + 0.01 * rng.random())
+            model.observe(0, 0, g, expected_counts(probability, g), DRAFT_COST * g, seconds)
+        means = [model.acceptance(0, 0, position) for position in range(1, 13)]
+        for room in range(1, 13):
+            want = max(range(1, room + 1), key=lambda g: model.predict(0, g, means))
+            assert model.choose(0, max_gamma=room) == (0, want), (rates, room)
+
+
+def test_a_plan_is_remade_within_plan_rounds_and_at_once_for_a_new_drafter() -> None:
+    def fresh(model: ThroughputModel) -> object:
+        model = copy.deepcopy(model)
+        model._plans.clear()
+        return model._plan(0, False, 1)
+
+    model = trained([0.6, 0.8], rounds=300)
+    counts = expected_counts(torch.full((1, 4), 0.3), 4)
+    for _ in range(_COST_MEMORY):  # the cost of its first rounds in a row: remade every round
+        model.observe(0, 1, 4, counts, 0.008, 0.015)
+        assert model._plan(0, False, 1) == fresh(model)
+    made = model._plan(0, False, 1)
+    for _ in range(PLAN_ROUNDS - 1):
+        model.observe(0, 1, 4, counts, 0.008, 0.015)
+        model.choose(0)
+        assert model._plan(0, False, 1) is made  # settled: reused ...
+    assert made != fresh(model)  # ... while the estimates moved
+    model.observe(0, 1, 4, counts, 0.008, 0.015)
+    model.choose(0)
+    assert model._plan(0, False, 1) == fresh(model)  # ... for PLAN_ROUNDS rounds at most
+    # A drafter's first rounds in a state move its estimates a lot: the plan is remade at once.
+    model = ThroughputModel([(0, None), (1, None), (None, 0)], 2, seed=0)
+    model.observe(0, 0, 4, counts, 0.008, 0.015)
+    model.choose(0)
+    model.observe(0, 0, 4, counts, 0.008, 0.015)
+    assert model._plan(0, False, 1) == fresh(model)
