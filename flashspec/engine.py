@@ -673,7 +673,8 @@ class SpeculativeEngine:
         stats.time_draft += drafted_at - start
         stats.time_verify += verified_at - drafted_at
         stats.time_accept += accepted_at - verified_at
-        stats.time_total += end - start
+        # The round's time includes the learning after it: it is the selector's own cost.
+        stats.time_total += time.perf_counter() - start
         return chunks
 
     def _context(self, gen: _Generation) -> int:

@@ -40,7 +40,7 @@ stays exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -72,6 +72,8 @@ _SETTLED = 32.0
 the state's plan in place: its first rounds move its estimates (and its first measured rounds
 its cost) far more than 1/memory, and a plan that lagged them would keep drawing from a
 posterior already refuted."""
+
+_RESCALE_BELOW = 1e-100  # a cell's scale below which its stored counts are rescaled (no overflow)
 
 # Cost memories. A drafter's cost per draft is the mean of its first _COST_MEMORY measured rounds,
 # then an exponential average over about as many of its own rounds; the verification line forgets
@@ -147,8 +149,14 @@ def expected_counts(probability: torch.Tensor, requested: int) -> tuple[list[flo
     rows, g = probability.shape
     if g == 0:
         return ([float(rows)], [0.0]) if requested > 0 else ([], [])
-    reach = torch.cumprod(probability.to(torch.float64), dim=1).sum(dim=0)  # P(1..k accepted)
-    accepted: list[float] = reach.tolist()
+    # One host read, then plain floats: as torch ops on a (rows, g) tensor this took ~30 us a
+    # round in the engine, where the models' forwards leave the caches cold.
+    accepted = [0.0] * g  # P(drafts 1..k accepted), summed over rows
+    for row in probability.tolist():
+        reach = 1.0
+        for k, p in enumerate(row):
+            reach *= p
+            accepted[k] += reach
     tried = [float(rows), *accepted[:-1]]
     if g < requested:
         tried.append(accepted[-1])
@@ -215,10 +223,18 @@ class ThroughputModel:
     def reset(self) -> None:
         """Forget everything learned (costs, acceptance) and reseed."""
         self._rng = np.random.default_rng(self._seed)
-        # Expected counts per state, previous round fully accepted or not, drafter, position.
-        shape = (self.n_states, 2, self.n_drafters, self.positions)
-        self._tried = np.zeros(shape)
-        self._accepted = np.zeros(shape)
+        # Expected counts per state, previous round fully accepted or not, drafter: one list
+        # entry a position, stored divided by the cell's scale (the product of the decays so
+        # far), so that a round's decay of every drafter is one multiplication each.
+        cells = [
+            (s, f, d)
+            for s in range(self.n_states)
+            for f in range(2)
+            for d in range(self.n_drafters)
+        ]
+        self._raw_tried = {cell: [0.0] * self.positions for cell in cells}
+        self._raw_accepted = {cell: [0.0] * self.positions for cell in cells}
+        self._scale = dict.fromkeys(cells, 1.0)
         # A drafter's seconds per draft as a fraction of the target side's mean round time
         # (see draft_cost).
         self._draft_share: list[float | None] = [None] * self.n_drafters
@@ -239,11 +255,11 @@ class ThroughputModel:
         Position 1's prior is the estimate of the sibling state (the same state after the other
         kind of round), position i's the estimate of position i - 1.
         """
-        f, rows = int(full), list(drafters)
-        tried = self._tried[state, f, rows].tolist()
-        accepted = self._accepted[state, f, rows].tolist()
-        sibling_tried = self._tried[state, 1 - f, rows, 0].tolist()
-        sibling_accepted = self._accepted[state, 1 - f, rows, 0].tolist()
+        f = int(full)
+        tried, accepted = zip(*(self._counts(state, f, d) for d in drafters), strict=True)
+        sibling = [self._counts(state, 1 - f, d) for d in drafters]
+        sibling_tried = [n[0] for n, _ in sibling]
+        sibling_accepted = [a[0] for _, a in sibling]
         alphas: list[list[float]] = []
         betas: list[list[float]] = []
         # Plain floats: a few dozen scalar steps cost less than as many tiny numpy calls.
@@ -266,6 +282,15 @@ class ThroughputModel:
             alphas.append(alpha_row)
             betas.append(beta_row)
         return np.maximum(alphas, 1e-3), np.maximum(betas, 1e-3)
+
+    def _counts(self, state: int, f: int, drafter: int) -> tuple[list[float], list[float]]:
+        """Expected ``(tried, accepted)`` per position of a drafter in a cell."""
+        cell = (state, f, drafter)
+        scale = self._scale[cell]
+        return (
+            [n * scale for n in self._raw_tried[cell]],
+            [a * scale for a in self._raw_accepted[cell]],
+        )
 
     def acceptance(self, state: int, drafter: int, position: int = 1, full: bool = False) -> float:
         """Posterior mean of the probability that draft ``position`` (1-based) is accepted
@@ -322,35 +347,18 @@ class ThroughputModel:
             drafter, gamma = self.arms[0]
             return 0, self._length(drafter, gamma, limit)
         plan = self._plan(state, full, rows)
-        # One Thompson draw of a_1..a_g per drafter, at the longest length its arms take this
-        # round, all in one call: the draws explore drafters, never lengths.
-        lengths = [min(g, limit) for g in plan.lengths]
-        longest = dict.fromkeys(plan.drafters, 0)
-        for (drafter, _), g in zip(self.arms, lengths, strict=True):
-            if drafter is not None:
-                longest[drafter] = max(longest[drafter], g)
-        alphas: list[float] = []
-        betas: list[float] = []
-        for d, g in longest.items():
-            alphas += plan.alpha[d][:g]
-            betas += plan.beta[d][:g]
-        drawn = self._rng.beta(alphas, betas).tolist() if alphas else []
-        tokens: dict[int, list[float]] = {}
-        at = 0
-        for d, g in longest.items():
-            # tokens[d][k]: expected tokens per row of a round of length k under the draw.
-            run, total, row = 1.0, 1.0, [1.0]
-            for x in drawn[at : at + g]:
-                run *= x**rows
-                total += run
-                row.append(total)
-            tokens[d], at = row, at + g
+        if plan.next == len(plan.tokens):
+            self._draw(plan, rows)
+        # One Thompson draw of a_1..a_g per drafter (see _draw): the draws explore drafters,
+        # never lengths.
+        tokens = plan.tokens[plan.next]
+        plan.next += 1
         best_rate, best = -1.0, (0, 0)
-        for index, ((drafter, _), g) in enumerate(zip(self.arms, lengths, strict=True)):
+        for index, (drafter, _) in enumerate(self.arms):
             if drafter is None or limit < 1:
-                rate = rows / plan.verify[1]
-                g = 0
+                rate, g = rows / plan.verify[1], 0
             else:
+                g = min(plan.lengths[index], limit)
                 rate = rows * tokens[drafter][g] / (plan.costs[index] * g + plan.verify[g + 1])
             if rate > best_rate:
                 best_rate, best = rate, (index, g)
@@ -359,10 +367,10 @@ class ThroughputModel:
     def _plan(self, state: int, full: bool, rows: int) -> _Plan:
         """What ``choose`` needs of the estimates in a state, kept for a few rounds.
 
-        Recomputing it every round was most of the model's own time (~0.4 ms a round in the
-        engine, 2.6% of a sampled round of the demo pair, ``benchmarks/adaptive_ablation.py``),
-        while the estimates it reads move by about 1/memory a round once settled. Only the
-        draws are fresh every round; see ``PLAN_ROUNDS`` for when a plan is remade.
+        Recomputing it every round was most of the model's own time (~0.1 ms a round in the
+        engine, where the models' forwards leave the caches cold), while the estimates it reads
+        move by about 1/memory a round once settled. See ``PLAN_ROUNDS`` for when a plan is
+        remade.
         """
         key = (state, full, rows)
         plan = self._plans.get(key)
@@ -395,17 +403,34 @@ class ThroughputModel:
                 g = int(rates.argmax()) + 1
             lengths.append(g)
             costs.append(cost or 0.0)
+        longest = dict.fromkeys(drafters, 0)
+        for (drafter, _), g in zip(self.arms, lengths, strict=True):
+            if drafter is not None:
+                longest[drafter] = max(longest[drafter], g)
         plan = _Plan(
             made=self.rounds,
-            drafters=drafters,
             lengths=lengths,
             costs=costs,
             verify=verify.tolist(),
-            alpha={d: alpha[row].tolist() for d, row in row_of.items()},
-            beta={d: beta[row].tolist() for d, row in row_of.items()},
+            alpha={d: alpha[row_of[d], :g] for d, g in longest.items()},
+            beta={d: beta[row_of[d], :g] for d, g in longest.items()},
         )
         self._plans[key] = plan
         return plan
+
+    def _draw(self, plan: _Plan, rows: int) -> None:
+        """Thompson draws for the next ``PLAN_ROUNDS`` choices from the plan's posteriors, in
+        one call per drafter: a choice only looks one up, which costs a few microseconds where
+        a draw of its own cost ~70 in the engine. The draws of different choices are as
+        independent as if each had drawn its own; each holds, per drafter, the expected tokens
+        of a round of every length up to the drafter's longest."""
+        tokens: list[dict[int, list[float]]] = [{} for _ in range(PLAN_ROUNDS)]
+        for d, alpha in plan.alpha.items():
+            drawn = self._rng.beta(alpha, plan.beta[d], size=(PLAN_ROUNDS, len(alpha)))
+            by_length = _tokens(drawn, rows).tolist()
+            for each, row in zip(tokens, by_length, strict=True):
+                each[d] = row
+        plan.tokens, plan.next = tokens, 0
 
     def _length(self, drafter: int | None, gamma: int | None, limit: int) -> int:
         if drafter is None:
@@ -440,12 +465,15 @@ class ThroughputModel:
         self.rounds += 1
         self._line.add(drafted + 1, other_seconds)
         switched, self._last_drafter = drafter != self._last_drafter, drafter
-        decay = np.full((self.n_drafters, 1), self._decay_unplayed)
-        if drafter is not None:
-            decay[drafter] = self._decay
         f = int(full)
-        self._tried[state, f] *= decay
-        self._accepted[state, f] *= decay
+        for d in range(self.n_drafters):
+            cell = (state, f, d)
+            scale = self._scale[cell] * (self._decay if d == drafter else self._decay_unplayed)
+            if scale < _RESCALE_BELOW:
+                self._raw_tried[cell] = [n * scale for n in self._raw_tried[cell]]
+                self._raw_accepted[cell] = [a * scale for a in self._raw_accepted[cell]]
+                scale = 1.0
+            self._scale[cell] = scale
         if drafter is None:
             return
         # A drafter's first round after another's (or plain decoding's) also feeds it the tokens
@@ -460,7 +488,10 @@ class ThroughputModel:
         elif drafted > 0 and self._cost_rounds[drafter] == 0:
             self._stand_in_rounds[drafter] += 1
             count = self._stand_in_rounds[drafter]
-        if 0 < count < _COST_MEMORY or self._tried[state, f, drafter, 0] < _SETTLED:
+        cell = (state, f, drafter)
+        raw_tried, raw_accepted = self._raw_tried[cell], self._raw_accepted[cell]
+        inverse = 1.0 / self._scale[cell]
+        if 0 < count < _COST_MEMORY or raw_tried[0] * self._scale[cell] < _SETTLED:
             self._plans.clear()
         if count:
             share = draft_seconds / drafted / self._line.mean_seconds()
@@ -468,25 +499,26 @@ class ThroughputModel:
             old = self._draft_share[drafter] or 0.0
             self._draft_share[drafter] = old + weight * (share - old)
         tried, accepted = counts
-        n = min(len(tried), self.positions)
-        new_tried = np.asarray(tried[:n], dtype=np.float64)
-        self._tried[state, f, drafter, :n] += new_tried
-        self._accepted[state, f, drafter, :n] += np.minimum(accepted[:n], new_tried)
+        for i in range(min(len(tried), self.positions)):
+            raw_tried[i] += tried[i] * inverse
+            raw_accepted[i] += min(accepted[i], tried[i]) * inverse
 
 
 @dataclass
 class _Plan:
-    """``ThroughputModel._plan``: per drafter the Beta parameters of its acceptance by position
-    (lists, one entry a position), per arm its draft length at full room and cost per draft, and
-    the target side's seconds by verified tokens; ``made`` is the model's round count then."""
+    """``ThroughputModel._plan``: per arm its draft length at full room and cost per draft, the
+    target side's seconds by verified tokens, per drafter the Beta parameters of its acceptance
+    at positions 1..its longest length, and Thompson draws not used yet (``tokens[next:]``, see
+    ``ThroughputModel._draw``). ``made`` is the model's round count when it was made."""
 
     made: int
-    drafters: list[int]
     lengths: list[int]
     costs: list[float]
     verify: list[float]
-    alpha: dict[int, list[float]]
-    beta: dict[int, list[float]]
+    alpha: dict[int, np.ndarray]
+    beta: dict[int, np.ndarray]
+    tokens: list[dict[int, list[float]]] = field(default_factory=list)
+    next: int = 0
 
 
 def _tokens(rates: np.ndarray, rows: int) -> np.ndarray:

@@ -158,20 +158,20 @@ def test_memory_follows_a_change_and_an_unplayed_drafter_is_retried() -> None:
     # (51 with factor 4; 300 rounds leave (played * unplayed) ** 300 < 0.3% to converge).
     played, unplayed = 1 - 1 / 64, 1 - 1 / (64 * RETRY_FACTOR)
     steady = unplayed / (1 - played * unplayed)
-    assert model._tried[0, 0, 0, 0] == pytest.approx(steady, rel=5e-3)
+    assert model._counts(0, 0, 0)[0][0] == pytest.approx(steady, rel=5e-3)
     for _ in range(100):
         model.observe(0, 0, 4, expected_counts(torch.full((1, 4), 0.6), 4), 0.008, 0.015)
     # 100 rounds of its own replaced most of what drafter 0 knew...
     assert 0.55 < model.acceptance(0, 0) < 0.7
     # ...while drafter 1, unplayed, forgets slowly: it is not re-tried yet.
-    assert model._tried[0, 0, 1, 0] > 0.6 * steady
+    assert model._counts(0, 0, 1)[0][0] > 0.6 * steady
     assert sum(model.choose(0)[0] == 1 for _ in range(400)) < 4
     for _ in range(700):
         model.observe(0, 0, 4, expected_counts(torch.full((1, 4), 0.6), 4), 0.008, 0.015)
     # After 800 rounds unplayed its counts shrank and its posterior is wide again: Thompson
     # draws give it a chance to be measured anew, but a bounded one (a worse drafter retried
     # as often as the played one forgets was chosen in a third of these draws).
-    assert model._tried[0, 0, 1, 0] < 0.2 * 64
+    assert model._counts(0, 0, 1)[0][0] < 0.2 * 64
     assert 5 < sum(model.choose(0)[0] == 1 for _ in range(400)) < 90
 
 
@@ -318,28 +318,61 @@ def test_the_room_left_clips_the_best_length_to_the_best_length_within_it() -> N
 
 
 def test_a_plan_is_remade_within_plan_rounds_and_at_once_for_a_new_drafter() -> None:
+    def made(model: ThroughputModel) -> object:
+        plan = model._plan(0, False, 1)
+        return (
+            plan.made,
+            plan.lengths,
+            plan.costs,
+            plan.verify,
+            {d: a.tolist() for d, a in plan.alpha.items()},
+            {d: b.tolist() for d, b in plan.beta.items()},
+        )
+
     def fresh(model: ThroughputModel) -> object:
         model = copy.deepcopy(model)
         model._plans.clear()
-        return model._plan(0, False, 1)
+        return made(model)
 
     model = trained([0.6, 0.8], rounds=300)
     counts = expected_counts(torch.full((1, 4), 0.3), 4)
     for _ in range(_COST_MEMORY):  # the cost of its first rounds in a row: remade every round
         model.observe(0, 1, 4, counts, 0.008, 0.015)
-        assert model._plan(0, False, 1) == fresh(model)
-    made = model._plan(0, False, 1)
+        assert made(model) == fresh(model)
+    first = made(model)
     for _ in range(PLAN_ROUNDS - 1):
         model.observe(0, 1, 4, counts, 0.008, 0.015)
         model.choose(0)
-        assert model._plan(0, False, 1) is made  # settled: reused ...
-    assert made != fresh(model)  # ... while the estimates moved
+        assert made(model) == first  # settled: reused ...
+    assert first != fresh(model)  # ... while the estimates moved
     model.observe(0, 1, 4, counts, 0.008, 0.015)
     model.choose(0)
-    assert model._plan(0, False, 1) == fresh(model)  # ... for PLAN_ROUNDS rounds at most
+    assert made(model) == fresh(model)  # ... for PLAN_ROUNDS rounds at most
     # A drafter's first rounds in a state move its estimates a lot: the plan is remade at once.
     model = ThroughputModel([(0, None), (1, None), (None, 0)], 2, seed=0)
     model.observe(0, 0, 4, counts, 0.008, 0.015)
     model.choose(0)
     model.observe(0, 0, 4, counts, 0.008, 0.015)
-    assert model._plan(0, False, 1) == fresh(model)
+    assert made(model) == fresh(model)
+
+
+def test_counts_follow_the_decay_recursion_across_rescales() -> None:
+    # Counts are stored divided by the product of the decays and rescaled when that product
+    # gets tiny (here every ~420 rounds of drafter 0): they must stay the plain recursion
+    # counts * decay + new, for the played drafter and for the unplayed one.
+    model = ThroughputModel([(0, None), (1, None)], 2, memory=2, max_gamma=4)
+    played, unplayed = 1 - 1 / 2, 1 - 1 / (2 * RETRY_FACTOR)
+    want = [[0.0] * 4, [0.0] * 4]
+    rng = random.Random(0)
+    for r in range(2500):  # unrescaled, drafter 0's scale would underflow to 0 by round ~1300
+        drafter = 0 if r % 5 else 1
+        g = 1 + r % 4
+        probability = [[rng.random() for _ in range(g)]]
+        counts = expected_counts(torch.tensor(probability, dtype=torch.float64), g)
+        model.observe(0, drafter, g, counts, 0.004, 0.01)
+        tried = counts[0]
+        for d in (0, 1):
+            want[d] = [n * (played if d == drafter else unplayed) for n in want[d]]
+        want[drafter] = [n + (tried[i] if i < g else 0.0) for i, n in enumerate(want[drafter])]
+    for d in (0, 1):
+        assert model._counts(0, 0, d)[0] == pytest.approx(want[d], rel=1e-9)
