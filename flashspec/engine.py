@@ -1016,7 +1016,8 @@ class _NgramIndex:
 
     Per row, the set of n-grams that start after the row's padding and have a committed token
     after them; a row's last n tokens match when they are in its set, exactly when
-    ``_has_ngram_match`` says so. Each round adds only the n-grams the new tokens complete, so
+    ``PromptLookupDrafter(min_ngram=n)`` would draft (a longer match ends in an n-token one).
+    Each round adds only the n-grams the new tokens complete, so
     the probe costs a few microseconds instead of the ~70 of a search over the whole row (about
     half a percent of a round of the demo pair), paid every round the model chooses.
     """
@@ -1035,7 +1036,7 @@ class _NgramIndex:
         return tokens.shape[0] == len(self.rows) and tokens.shape[1] >= len(self.rows[0])
 
     def match(self, tokens: torch.Tensor) -> bool:
-        """``_has_ngram_match`` of ``tokens``, which ``follows`` this index."""
+        """Whether any row of ``tokens`` (which ``follows`` this index) has a match."""
         n, known = self.n, len(self.rows[0])
         if tokens.shape[1] > known:
             for row, new in zip(self.rows, tokens[:, known:].tolist(), strict=True):
@@ -1049,22 +1050,6 @@ class _NgramIndex:
             found = found or (length > n and tuple(row[-n:]) in seen)
         self.indexed = max(self.indexed, windows)
         return found
-
-
-def _has_ngram_match(tokens: torch.Tensor, left: torch.Tensor, n: int) -> bool:
-    """Whether any row's last n tokens occur earlier in the row, after its padding, with a
-    token after them: exactly when ``PromptLookupDrafter(min_ngram=n)`` would draft (a longer
-    match ends in an n-token one). One pass of n comparisons instead of the drafter's search."""
-    length = tokens.shape[1]
-    if length < n + 1:
-        return False
-    windows = length - n  # window j covers columns j .. j+n-1 and ends before the suffix
-    hit = tokens[:, :windows] == tokens[:, windows : windows + 1]
-    for k in range(1, n):
-        hit &= tokens[:, k : k + windows] == tokens[:, windows + k : windows + k + 1]
-    columns = torch.arange(windows, device=tokens.device)
-    hit &= columns.unsqueeze(0) >= left.unsqueeze(1)
-    return bool(hit.any())
 
 
 def _empty(tokens: torch.Tensor) -> Proposal:

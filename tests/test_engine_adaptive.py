@@ -294,13 +294,20 @@ def test_model_drafts_long_when_every_draft_is_accepted() -> None:
     assert result.stats.rounds <= 11, result.stats
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
-    from flashspec.engine import _has_ngram_match
+def lookup_would_draft(tokens: torch.Tensor, left: torch.Tensor, n: int) -> bool:
+    """The reference for the lookup context: whether prompt lookup itself drafts anything."""
     from flashspec.models import Padding
     from flashspec.sampling import Warper
 
     drafter = PromptLookupDrafter(min_ngram=n, max_ngram=n + 1)
+    ctx = DraftContext(tokens, Padding(left), Warper(0.0, None, None), None)
+    return drafter.propose(ctx, 1).count > 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
+    from flashspec.engine import _NgramIndex
+
     generator = torch.Generator().manual_seed(n)
     seen = Counter()
     for trial in range(300):
@@ -308,18 +315,17 @@ def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
         # A 3-token vocabulary, so that matches are common but not certain.
         tokens = torch.randint(0, 3, (rows, length), generator=generator)
         left = torch.randint(0, length, (rows,), generator=generator) * (trial % 2)
-        ctx = DraftContext(tokens, Padding(left), Warper(0.0, None, None), None)
-        expected = drafter.propose(ctx, 1).count > 0
-        assert _has_ngram_match(tokens, left, n) == expected, (tokens, left)
+        expected = lookup_would_draft(tokens, left, n)
+        assert _NgramIndex(n, tokens, left).match(tokens) == expected, (tokens, left)
         seen[expected] += 1
     assert seen[True] > 30 and seen[False] > 30, seen
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_incremental_probe_agrees_with_the_full_search(n: int) -> None:
+def test_incremental_probe_agrees_with_prompt_lookup_as_it_grows(n: int) -> None:
     # The engine's probe keeps an index that grows with each round's tokens; it must answer
-    # like a search over the whole row at every length, with padding, and after rows leave.
-    from flashspec.engine import _has_ngram_match, _NgramIndex
+    # like prompt lookup at every length, with padding, and after rows leave.
+    from flashspec.engine import _NgramIndex
 
     generator = torch.Generator().manual_seed(10 + n)
     seen = Counter()
@@ -328,10 +334,13 @@ def test_incremental_probe_agrees_with_the_full_search(n: int) -> None:
         tokens = torch.randint(0, 4, (rows, 1 + trial % 4), generator=generator)
         left = torch.randint(0, tokens.shape[1], (rows,), generator=generator) * (trial % 2)
         index: _NgramIndex | None = None
+        grown = 0
         for _ in range(12):
             if index is None or not index.follows(tokens):
                 index = _NgramIndex(n, tokens, left)
-            expected = _has_ngram_match(tokens, left, n)
+            else:
+                grown += 1
+            expected = lookup_would_draft(tokens, left, n)
             assert index.match(tokens) == expected, (tokens, left)
             seen[expected] += 1
             step = 1 + int(torch.randint(0, 4, (1,), generator=generator))
@@ -341,4 +350,5 @@ def test_incremental_probe_agrees_with_the_full_search(n: int) -> None:
             if tokens.shape[0] > 1 and torch.rand(1, generator=generator) < 0.2:
                 keep = torch.tensor([0, tokens.shape[0] - 1][: tokens.shape[0] - 1])
                 tokens, left = tokens[keep], left[keep]
+        assert grown > 0  # the index was reused, not rebuilt every time
     assert seen[True] > 100 and seen[False] > 50, seen
