@@ -250,6 +250,7 @@ class _Generation:
     arm_gammas: list[int]  # current draft length of each arm (changes with dynamic_gamma)
     last_full: bool = False  # the last round with drafts had every draft accepted
     ngrams: _NgramIndex | None = None  # the lookup-context probe's index (see _context)
+    drafted_by: set[int] = field(default_factory=set)  # drafters that have run this generation
     cancelled: set[int] = field(default_factory=set)  # batch rows; filled by TokenStream.cancel
     stats: GenerationStats = field(default_factory=GenerationStats)
 
@@ -592,17 +593,25 @@ class SpeculativeEngine:
         # dearer and drafts shorter than the best.
         chosen_at = time.perf_counter()
         # The first round also prefills the prompt, whichever arm runs it: it teaches the
-        # selector nothing, and every drafter prefills in it too, so that a drafter chosen
-        # later is not charged for its prompt.
+        # selector nothing.
         learn = choosing and self.target.cached > 0
-        if choosing and not learn:
-            for each in self.drafters:
-                each.prefill(self._draft_context(gen, each))
 
         # 1. draft
+        setup = 0.0  # seconds of a drafter's first reading of the generation's tokens
         if arm.drafter is not None and gamma > 0:
             drafter = self.drafters[arm.drafter]
-            proposal = drafter.propose(self._draft_context(gen, drafter), gamma)
+            ctx = self._draft_context(gen, drafter)
+            if arm.drafter not in gen.drafted_by:
+                # A drafter reads the prompt (and the tokens since) when it is first chosen in
+                # a generation, not up front: one never chosen costs nothing (the 3-layer demo
+                # draft's prefill was ~0.6% of a sampled generation it took no round of). The
+                # selector does not learn that reading as the arm's cost, or a drafter first
+                # chosen late would look dearer than it is.
+                gen.drafted_by.add(arm.drafter)
+                if learn:
+                    drafter.prefill(ctx)
+                    setup = time.perf_counter() - chosen_at
+            proposal = drafter.propose(ctx, gamma)
         else:
             proposal = _empty(gen.tokens)
         drafted_at = time.perf_counter()
@@ -662,14 +671,14 @@ class SpeculativeEngine:
                 arm.drafter,
                 g,
                 counts,
-                drafted_at - chosen_at,
+                drafted_at - chosen_at - setup,
                 (chosen_at - start) + (end - drafted_at),
                 full=full,
             )
         elif learn and selector is not None:
             # Tokens per second of this round's wall time: what the choice bought, including
             # the drafting it cost. Counted before stopping, which is not the arm's doing.
-            selector.update(index, (m + 1) * live_rows / max(end - start, 1e-9))
+            selector.update(index, (m + 1) * live_rows / max(end - start - setup, 1e-9))
         stats.time_draft += drafted_at - start
         stats.time_verify += verified_at - drafted_at
         stats.time_accept += accepted_at - verified_at

@@ -27,6 +27,7 @@ from flashspec import (
     SpeculativeEngine,
     TargetModel,
 )
+from flashspec.bandit import Selector
 from flashspec.drafters import DraftContext, Drafter, Proposal
 
 
@@ -352,3 +353,94 @@ def test_incremental_probe_agrees_with_prompt_lookup_as_it_grows(n: int) -> None
                 tokens, left = tokens[keep], left[keep]
         assert grown > 0  # the index was reused, not rebuilt every time
     assert seen[True] > 100 and seen[False] > 50, seen
+
+
+class SpyDrafter(Drafter):
+    """Proposes a fixed wrong token; counts its prefills and proposals, and its prefill is slow
+    (``PREFILL_SECONDS``), so that a round that charged it to the arm would show."""
+
+    name = "spy"
+    PREFILL_SECONDS = 0.2
+
+    def __init__(self) -> None:
+        self.prefills: list[int] = []  # committed length at each prefill
+        self.proposals = 0
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self.prefills.append(ctx.tokens.shape[1])
+        time.sleep(self.PREFILL_SECONDS)
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        self.proposals += 1
+        return Proposal(torch.zeros((ctx.tokens.shape[0], gamma), dtype=torch.int64))
+
+
+class ScriptedSelector(Selector):
+    """Plays arm 0, except ``arm`` in round ``at`` (0-based); records every reward."""
+
+    def __init__(self, n_arms: int, arm: int, at: int | None) -> None:
+        super().__init__(n_arms)
+        self.arm, self.at, self.round = arm, at, 0
+        self.rewards: list[tuple[int, float]] = []
+
+    def select(self) -> int:
+        chosen = self.arm if self.round == self.at else 0
+        self.round += 1
+        return chosen
+
+    def update(self, arm: int, reward: float) -> None:
+        super().update(arm, reward)
+        self.rewards.append((arm, reward))
+
+
+@pytest.mark.parametrize("at", [None, 5])
+def test_a_drafter_reads_the_prompt_only_when_first_chosen_and_is_not_charged_for_it(
+    at: int | None,
+) -> None:
+    target, draft = models("plain")
+    spy = SpyDrafter()
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3), bandit=BanditConfig(selector="ucb1"))
+    drafters: list[Drafter] = [ModelDrafter(draft, name="draft"), spy]
+    selector = ScriptedSelector(2, arm=1, at=at)
+    engine = SpeculativeEngine(
+        config, drafters, TargetModel(model=target, tokenizer=tokenizer()), selector=selector
+    )
+    result = engine.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)
+    check_equal("plain", PROMPTS[0], result.tokens[0][:MAX_NEW])
+    if at is None:
+        # Never chosen: it never read anything, so it cost nothing.
+        assert spy.prefills == [] and spy.proposals == 0
+        return
+    # Chosen once, in a later round: it read everything committed then, once, and proposed.
+    assert spy.proposals == 1 and len(spy.prefills) == 1
+    assert spy.prefills[0] > len(tokenizer()(PROMPTS[0])["input_ids"])
+    # Its round is rewarded without the reading: a round on the tiny models takes
+    # milliseconds, so one rejected round is still far above 1 token / PREFILL_SECONDS.
+    (reward,) = [r for arm, r in selector.rewards if arm == 1]
+    assert reward > 10 / SpyDrafter.PREFILL_SECONDS, selector.rewards
+
+
+def test_the_model_does_not_charge_a_drafter_for_reading_the_prompt() -> None:
+    target, draft = models("plain")
+    spy = SpyDrafter()
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3), bandit=BanditConfig(seed=0))
+    engine = SpeculativeEngine(
+        config,
+        [ModelDrafter(draft, name="draft"), spy],
+        TargetModel(model=target, tokenizer=tokenizer()),
+    )
+    assert engine.model is not None
+    seconds: list[float] = []
+    observe = engine.model.observe
+
+    def spy_observe(state: int, drafter: int | None, drafted: int, *args: Any, **kw: Any) -> None:
+        if drafter == 1:
+            seconds.append(args[1])  # draft_seconds
+        observe(state, drafter, drafted, *args, **kw)
+
+    engine.model.observe = spy_observe  # type: ignore[method-assign]
+    engine.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)
+    # An unmeasured drafter counts as free, so the model tries the spy early; the first
+    # round's prefill is not learned from, and later ones are kept out of its cost.
+    assert len(spy.prefills) == 1 and seconds, (spy.prefills, seconds)
+    assert max(seconds) < SpyDrafter.PREFILL_SECONDS / 4, seconds
