@@ -1026,9 +1026,9 @@ class _NgramIndex:
     Per row, the set of n-grams that start after the row's padding and have a committed token
     after them; a row's last n tokens match when they are in its set, exactly when
     ``PromptLookupDrafter(min_ngram=n)`` would draft (a longer match ends in an n-token one).
-    Each round adds only the n-grams the new tokens complete, so
-    the probe costs a few microseconds instead of the ~70 of a search over the whole row (about
-    half a percent of a round of the demo pair), paid every round the model chooses.
+    Each round adds only the n-grams the new tokens complete, so the probe costs a few
+    microseconds instead of the ~70 of a search over the whole row (about half a percent of a
+    round of the demo pair), paid every round the model chooses.
     """
 
     def __init__(self, n: int, tokens: torch.Tensor, left: torch.Tensor) -> None:
