@@ -11,9 +11,10 @@ measure:
   draft i is accepted once drafts 1..i-1 were (the batch advances by its slowest row).
   Acceptance comes in runs (a copied span, boilerplate), so a_i grows with i; a single rate
   for every position would undervalue long drafts.
-* It costs ``c_d * g + v(g + 1)`` seconds: c_d is the drafter's measured cost per draft and
-  ``v(n)`` the target side of a round that verifies n tokens (forward, acceptance, commit),
-  a line fitted to every round. Plain decoding is g = 0: ``B / v(1)`` tokens per second.
+* It costs ``d(g) + v(g + 1)`` seconds: ``d(g) = e_d + c_d * g`` is the drafter's measured
+  drafting time, a fixed part per round and a part per draft, and ``v(n)`` the target side of a
+  round that verifies n tokens (forward, acceptance, commit), a line fitted to every round.
+  Plain decoding is g = 0: ``B / v(1)`` tokens per second.
 
 Each a_i is a Beta posterior per drafter, state and position. Its counts are expected: the
 probability with which the verifier accepted each draft (``min(1, p/q)`` under sampling, 0 or 1
@@ -26,6 +27,10 @@ other are kept apart (runs of acceptance span rounds too). Position 1 of each bo
 from the other, at most as strongly as the other's own evidence: a drafter that had a few
 unlucky rounds in one of the two is judged there by what the other knows, not by those few
 alone, which once locked the best drafter out of a state for hundreds of rounds.
+
+A round of a drafter other than the previous round's also pays its catch-up: it first reads
+the tokens committed since it last drafted, measured as what its rounds after a switch take
+beyond its rounds in a row.
 
 Each round draws every a_i from its posterior (Thompson sampling). Each drafter's draft length
 is the best under the posterior means, and the arm taken is the one with the largest predicted
@@ -80,16 +85,20 @@ posterior already refuted."""
 
 _RESCALE_BELOW = 1e-100  # a cell's scale below which its stored counts are rescaled (no overflow)
 
-# Cost memories. A drafter's cost per draft is the mean of its first _COST_MEMORY measured rounds,
-# then an exponential average over about as many of its own rounds; the verification line forgets
-# with every round (~200 rounds). Round times jitter by several ms on a busy CPU, and a cost
-# estimate that follows the jitter flips choices between arms a few percent apart (shorter
-# memories, weight 0.1 and decay 0.98, spread the draft length of one drafter over 2-5 under
-# sampling). Starting with the plain mean keeps a drafter played rarely from carrying the cost of
-# one lucky first round, which is what made longer memories lose before (commit b0ab922).
+# Cost memories. A drafter's drafting time (its level: mean length and seconds) is the mean of its
+# first _COST_MEMORY measured rounds, then an exponential average over about as many of its own
+# rounds; the verification line forgets with every round (~200 rounds). Round times jitter by
+# several ms on a busy CPU, and a cost estimate that follows the jitter flips choices between arms
+# a few percent apart (shorter memories, weight 0.1 and decay 0.98, spread the draft length of one
+# drafter over 2-5 under sampling). Starting with the plain mean keeps a drafter played rarely
+# from carrying the cost of one lucky first round, which is what made longer memories lose before
+# (commit b0ab922). The slope of drafting time in the length is a property of the drafter, not of
+# the machine's speed of the moment (both are kept as shares of the target side's time), so it
+# is fitted over a longer memory, _SLOPE_DECAY, across the lengths the model has played.
 _COST_MEMORY = 50
+_SLOPE_DECAY = 0.998
 _LINE_DECAY = 0.995
-_MIN_SPREAD = 0.25  # variance of the verified lengths below which the slope is not fitted
+_MIN_SPREAD = 0.25  # variance of the lengths below which a slope is not fitted
 _MIN_SECONDS = 1e-6  # floor of a predicted round time
 
 
@@ -134,6 +143,51 @@ class _CostLine:
         mean_n, mean_t, slope = self._fit()
         seconds: np.ndarray = np.maximum(mean_t + slope * (np.arange(count) - mean_n), _MIN_SECONDS)
         return seconds
+
+
+class _DraftTime:
+    """A drafter's drafting seconds of a round, ``e + c * g``, in shares of the target side's mean
+    round time (see ``ThroughputModel.draft_seconds``).
+
+    A fixed part per round is real and differs between drafters: prompt lookup searches the
+    whole context once whatever the length (~0.17 ms on the demo pair's copy prompts, the same for
+    1 and 16 drafts), and a model drafter pays ~0.17 ms a round besides ~0.83 ms a draft. Charged
+    per draft instead, it made long drafts look dearer than they are: the model preferred 3
+    drafts of demo-draft to 4, which measured 2-3% slower in fixed-length runs.
+    """
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.weight = self.g = self.share = 0.0  # the level (see _COST_MEMORY)
+        self.w = self.n = self.nn = self.t = self.nt = 0.0  # the slope's sums (_SLOPE_DECAY)
+
+    def add(self, g: int, share: float) -> None:
+        self.rounds += 1
+        decay = 1.0 if self.rounds <= _COST_MEMORY else 1.0 - 1.0 / _COST_MEMORY
+        self.weight = self.weight * decay + 1.0
+        self.g = self.g * decay + g
+        self.share = self.share * decay + share
+        d = _SLOPE_DECAY
+        self.w = self.w * d + 1.0
+        self.n = self.n * d + g
+        self.nn = self.nn * d + g * g
+        self.t = self.t * d + share
+        self.nt = self.nt * d + g * share
+
+    def fit(self) -> tuple[float, float]:
+        """``(fixed share per round, share per draft)``, both >= 0."""
+        mean_g, mean_share = self.g / self.weight, self.share / self.weight
+        # With one length seen, or nearly, only the level is known: charged per draft, the
+        # cautious reading for longer drafts (what the model did before the fixed part).
+        proportional = mean_share / mean_g
+        mean_n = self.n / self.w
+        spread = self.nn / self.w - mean_n * mean_n
+        if spread < _MIN_SPREAD:
+            return 0.0, proportional
+        slope = (self.nt / self.w - mean_n * self.t / self.w) / spread
+        # Neither part below zero: the slope within [0, the proportional one].
+        slope = min(max(slope, 0.0), proportional)
+        return mean_share - slope * mean_g, slope
 
 
 def expected_counts(probability: torch.Tensor, requested: int) -> tuple[list[float], list[float]]:
@@ -240,12 +294,15 @@ class ThroughputModel:
         self._raw_tried = {cell: [0.0] * self.positions for cell in cells}
         self._raw_accepted = {cell: [0.0] * self.positions for cell in cells}
         self._scale = dict.fromkeys(cells, 1.0)
-        # A drafter's seconds per draft as a fraction of the target side's mean round time
-        # (see draft_cost).
-        self._draft_share: list[float | None] = [None] * self.n_drafters
-        self._cost_rounds = [0] * self.n_drafters  # rounds in a row measured, per drafter
-        self._stand_in_rounds = [0] * self.n_drafters  # rounds after a switch measured
+        # A drafter's drafting time measured in its rounds in a row, and in its rounds right
+        # after another's, which stand in until it has one in a row (see observe).
+        self._in_a_row = [_DraftTime() for _ in range(self.n_drafters)]
+        self._stand_in = [_DraftTime() for _ in range(self.n_drafters)]
         self._last_drafter: int | None = None
+        # Mean extra drafting time (a share of the target side's) of a drafter's round right
+        # after another's, over a round in a row: the tokens committed meanwhile (see choose).
+        self._catch_up = [0.0] * self.n_drafters
+        self._catch_up_rounds = [0] * self.n_drafters
         self._line = _CostLine()
         self._plans: dict[tuple[int, bool, int], _Plan] = {}
         self.rounds = 0
@@ -304,16 +361,34 @@ class ThroughputModel:
         alpha, beta = self._posteriors(state, full, [drafter])
         return float(alpha[0, position - 1] / (alpha[0, position - 1] + beta[0, position - 1]))
 
-    def draft_cost(self, drafter: int) -> float | None:
-        """Seconds per draft (None before the drafter's first measured round).
+    def draft_seconds(self, drafter: int, gamma: int) -> float | None:
+        """Predicted seconds of drafting ``gamma`` tokens (None before the drafter's first
+        measured round).
 
         Kept as a share of the target side's mean round time and read at the target side's
         current time: the machine's speed drifts (the plain rate of one benchmark run moved
         between 65 and 85 tokens/s), and a drafter left unplayed would otherwise keep the cost
         of a slower or faster stretch against drafters measured now.
         """
-        share = self._draft_share[drafter]
-        return None if share is None else share * self._line.mean_seconds()
+        parts = self._draft_parts(drafter)
+        return None if parts is None else parts[0] + parts[1] * gamma
+
+    def draft_cost(self, drafter: int) -> float | None:
+        """Seconds per draft: what one more draft adds to a round (None before the drafter's
+        first measured round). See ``draft_seconds``."""
+        parts = self._draft_parts(drafter)
+        return None if parts is None else parts[1]
+
+    def _draft_parts(self, drafter: int) -> tuple[float, float] | None:
+        """``(fixed seconds per round, seconds per draft)`` of a drafter, or None."""
+        measured = self._in_a_row[drafter]
+        if measured.rounds == 0:
+            measured = self._stand_in[drafter]
+            if measured.rounds == 0:
+                return None
+        fixed, per_draft = measured.fit()
+        seconds = self._line.mean_seconds()
+        return fixed * seconds, per_draft * seconds
 
     def predict(
         self, drafter: int | None, gamma: int, acceptance: float | Sequence[float], rows: int = 1
@@ -333,7 +408,8 @@ class ThroughputModel:
             return rows / self._line(1)
         rates = [acceptance] * gamma if isinstance(acceptance, (int, float)) else acceptance
         tokens = float(_tokens(np.array([list(rates[:gamma])], dtype=np.float64), rows)[0, gamma])
-        return rows * tokens / ((self.draft_cost(drafter) or 0.0) * gamma + self._line(gamma + 1))
+        drafting = self.draft_seconds(drafter, gamma) or 0.0
+        return rows * tokens / (drafting + self._line(gamma + 1))
 
     def choose(
         self, state: int, rows: int = 1, max_gamma: int | None = None, *, full: bool = False
@@ -359,12 +435,20 @@ class ThroughputModel:
         tokens = plan.tokens[plan.next]
         plan.next += 1
         best_rate, best = -1.0, (0, 0)
+        last = self._last_drafter
         for index, (drafter, _) in enumerate(self.arms):
             if drafter is None or limit < 1:
                 rate, g = rows / plan.verify[1], 0
             else:
                 g = min(plan.lengths[index], limit)
-                rate = rows * tokens[drafter][g] / (plan.costs[index] * g + plan.verify[g + 1])
+                seconds = plan.fixed[index] + plan.per_draft[index] * g + plan.verify[g + 1]
+                if drafter != last:
+                    # A switch pays the drafter's catch-up now, whatever the draw says. Free,
+                    # a slower drafter's lucky draws cost a round at its rate plus ~0.4 ms of
+                    # catch-up each; the 3-drafter model spent 3-18% of sampled rounds of a
+                    # run on demo-draft3 (12% slower in rounds in a row), mostly single ones.
+                    seconds += plan.catch_up[drafter]
+                rate = rows * tokens[drafter][g] / seconds
             if rate > best_rate:
                 best_rate, best = rate, (index, g)
         return best
@@ -382,6 +466,7 @@ class ThroughputModel:
         if plan is not None and self.rounds - plan.made < PLAN_ROUNDS:
             return plan
         verify = self._line.many(self.positions + 2)
+        verify_mean = self._line.mean_seconds()
         drafters = sorted({d for d, _ in self.arms if d is not None})
         alpha, beta = (
             self._posteriors(state, full, drafters) if drafters else (np.zeros((0, 0)),) * 2
@@ -389,13 +474,14 @@ class ThroughputModel:
         mean_tokens = _tokens(alpha / (alpha + beta), rows) if drafters else alpha
         row_of = {d: row for row, d in enumerate(drafters)}
         lengths: list[int] = []
-        costs: list[float] = []
+        fixed: list[float] = []
+        per_draft: list[float] = []
         every = np.arange(1, self.max_gamma + 1)
         for drafter, gamma in self.arms:
-            cost = None if drafter is None else self.draft_cost(drafter)
+            parts = None if drafter is None else self._draft_parts(drafter)
             if drafter is None:
                 g = 0
-            elif gamma is not None or cost is None:
+            elif gamma is not None or parts is None:
                 # A drafter not yet measured runs at its default length: optimistic (cost 0)
                 # so that it is tried soon, without an overlong first draft.
                 g = self._length(drafter, gamma, self.max_gamma)
@@ -403,11 +489,12 @@ class ThroughputModel:
                 # The best length under the posterior means. Tokens are concave in the length
                 # and seconds convex, so their ratio rises to this length and falls after it:
                 # where less room is left, the room itself is the best length (choose clips).
-                seconds = cost * every + verify[2 : self.max_gamma + 2]
+                seconds = parts[0] + parts[1] * every + verify[2 : self.max_gamma + 2]
                 rates = mean_tokens[row_of[drafter], 1 : self.max_gamma + 1] / seconds
                 g = int(rates.argmax()) + 1
             lengths.append(g)
-            costs.append(cost or 0.0)
+            fixed.append(parts[0] if parts else 0.0)
+            per_draft.append(parts[1] if parts else 0.0)
         longest = dict.fromkeys(drafters, 0)
         for (drafter, _), g in zip(self.arms, lengths, strict=True):
             if drafter is not None:
@@ -415,7 +502,9 @@ class ThroughputModel:
         plan = _Plan(
             made=self.rounds,
             lengths=lengths,
-            costs=costs,
+            catch_up=[max(c, 0.0) * verify_mean for c in self._catch_up],
+            fixed=fixed,
+            per_draft=per_draft,
             verify=verify.tolist(),
             alpha={d: alpha[row_of[d], :g] for d, g in longest.items()},
             beta={d: beta[row_of[d], :g] for d, g in longest.items()},
@@ -485,24 +574,27 @@ class ThroughputModel:
         # committed meanwhile: ~20% more per draft on the demo pair. Counted into its cost, that
         # made a drafter explored early in a stream look dearer than it is for its first 50
         # rounds, and the model settled on a worse one. Such rounds only stand in (their mean)
-        # until the drafter's first round in a row replaces them.
-        count = 0
+        # until the drafter's first round in a row replaces them; after that, what they take
+        # beyond a round in a row is the drafter's catch-up, which choose charges a switch.
+        measured = None
         if drafted > 0 and not switched:
-            self._cost_rounds[drafter] += 1
-            count = self._cost_rounds[drafter]
-        elif drafted > 0 and self._cost_rounds[drafter] == 0:
-            self._stand_in_rounds[drafter] += 1
-            count = self._stand_in_rounds[drafter]
+            measured = self._in_a_row[drafter]
+        elif drafted > 0 and self._in_a_row[drafter].rounds == 0:
+            measured = self._stand_in[drafter]
+        if measured is not None:
+            measured.add(drafted, draft_seconds / self._line.mean_seconds())
+        elif drafted > 0:
+            fixed, per_draft = self._in_a_row[drafter].fit()
+            excess = draft_seconds / self._line.mean_seconds() - fixed - per_draft * drafted
+            self._catch_up_rounds[drafter] += 1
+            weight = 1.0 / min(self._catch_up_rounds[drafter], _COST_MEMORY)
+            self._catch_up[drafter] += weight * (excess - self._catch_up[drafter])
         cell = (state, f, drafter)
         raw_tried, raw_accepted = self._raw_tried[cell], self._raw_accepted[cell]
         inverse = 1.0 / self._scale[cell]
-        if 0 < count < _COST_MEMORY or raw_tried[0] * self._scale[cell] < _SETTLED:
+        new_cost = measured is not None and measured.rounds < _COST_MEMORY
+        if new_cost or raw_tried[0] * self._scale[cell] < _SETTLED:
             self._plans.clear()
-        if count:
-            share = draft_seconds / drafted / self._line.mean_seconds()
-            weight = 1.0 / min(count, _COST_MEMORY)
-            old = self._draft_share[drafter] or 0.0
-            self._draft_share[drafter] = old + weight * (share - old)
         tried, accepted = counts
         for i in range(min(len(tried), self.positions)):
             raw_tried[i] += tried[i] * inverse
@@ -511,14 +603,17 @@ class ThroughputModel:
 
 @dataclass
 class _Plan:
-    """``ThroughputModel._plan``: per arm its draft length at full room and cost per draft, the
-    target side's seconds by verified tokens, per drafter the Beta parameters of its acceptance
-    at positions 1..its longest length, and Thompson draws not used yet (``tokens[next:]``, see
-    ``ThroughputModel._draw``). ``made`` is the model's round count when it was made."""
+    """``ThroughputModel._plan``: per arm its draft length at full room and drafting seconds
+    (fixed per round and per draft), the target side's seconds by verified tokens, per drafter
+    the Beta parameters of its acceptance at positions 1..its longest length, and Thompson draws
+    not used yet (``tokens[next:]``, see ``ThroughputModel._draw``). ``made`` is the model's
+    round count when it was made."""
 
     made: int
     lengths: list[int]
-    costs: list[float]
+    catch_up: list[float]
+    fixed: list[float]
+    per_draft: list[float]
     verify: list[float]
     alpha: dict[int, np.ndarray]
     beta: dict[int, np.ndarray]

@@ -255,6 +255,51 @@ def test_a_draft_cost_follows_the_machine_speed_while_its_drafter_is_unplayed() 
     assert model.draft_cost(0) == pytest.approx(0.004, rel=1e-3)
 
 
+def test_drafting_time_is_a_fixed_part_per_round_plus_a_part_per_draft() -> None:
+    counts = ([1.0], [0.0])
+    # A model drafter: a fixed part per round besides its part per draft, over the lengths the
+    # model plays; prompt lookup: one search per round, whatever the length.
+    for fixed, per_draft in ((0.0015, 0.002), (0.003, 0.0)):
+        model = ThroughputModel([(0, None)], 1)
+        rng = random.Random(1)
+        for r in range(400):
+            g = 2 + r % 5
+            seconds = (fixed + per_draft * g) * (1 + 0.02 * (rng.random() - 0.5))
+            model.observe(0, 0, g, counts, seconds, 0.012)
+        for g in (1, 4, 9):
+            assert model.draft_seconds(0, g) == pytest.approx(fixed + per_draft * g, rel=0.03)
+        assert model.draft_cost(0) == pytest.approx(per_draft, abs=1e-4)
+    # One length seen: only the level is known, charged per draft.
+    model = ThroughputModel([(0, None)], 1)
+    for _ in range(60):
+        model.observe(0, 0, 4, counts, 0.008, 0.012)
+    assert model.draft_seconds(0, 8) == pytest.approx(0.016, rel=1e-9)
+    assert model.draft_seconds(0, 0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_switch_is_charged_the_catch_up_measured_on_switching() -> None:
+    def model_with(catch_up: float) -> ThroughputModel:
+        model = ThroughputModel([(0, None), (1, None)], 2, seed=0)
+        counts = expected_counts(torch.full((1, 4), 0.7), 4)
+        for block in range(40):
+            for r in range(10):  # blocks of 10 rounds: each drafter's first pays its catch-up
+                extra = catch_up if r == 0 and block > 0 else 0.0
+                model.observe(0, block % 2, 4, counts, 0.008 + extra, 0.012)
+        return model
+
+    # Two drafters alike in every round in a row; only their first round after the other's
+    # takes 4 ms more. The mean of the target side's seconds is 12 ms.
+    model = model_with(0.004)
+    assert model._catch_up == pytest.approx([0.004 / 0.012] * 2, rel=1e-6)
+    assert model._last_drafter == 1
+    picks = [model.choose(0)[0] for _ in range(400)]
+    assert picks.count(0) < 20, picks.count(0)
+    # Without it, the draws pick either about as often.
+    model = model_with(0.0)
+    picks = [model.choose(0)[0] for _ in range(400)]
+    assert 120 < picks.count(0) < 280, picks.count(0)
+
+
 def test_rising_acceptance_makes_long_drafts_pay() -> None:
     # The same first-draft rate, but acceptance that rises along the run (bursty text) makes
     # the longest drafts the best, where a flat rate would not.
@@ -323,7 +368,8 @@ def test_a_plan_is_remade_within_plan_rounds_and_at_once_for_a_new_drafter() -> 
         return (
             plan.made,
             plan.lengths,
-            plan.costs,
+            plan.fixed,
+            plan.per_draft,
             plan.verify,
             {d: a.tolist() for d, a in plan.alpha.items()},
             {d: b.tolist() for d, b in plan.beta.items()},
