@@ -446,7 +446,7 @@ class ThroughputModel:
                     # A switch pays the drafter's catch-up now, whatever the draw says. Free,
                     # a slower drafter's lucky draws cost a round at its rate plus ~0.4 ms of
                     # catch-up each; the 3-drafter model spent 3-18% of sampled rounds of a
-                    # run on demo-draft3 (12% slower in rounds in a row), mostly single ones.
+                    # run on demo-draft3 (11-12% slower at gamma 4), mostly single ones.
                     seconds += plan.catch_up[drafter]
                 rate = rows * tokens[drafter][g] / seconds
             if rate > best_rate:
