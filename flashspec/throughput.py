@@ -103,13 +103,18 @@ _MIN_SECONDS = 1e-6  # floor of a predicted round time
 
 
 class _CostLine:
-    """Exponentially weighted least-squares line ``seconds = a + b * n`` (b >= 0)."""
+    """Exponentially weighted least-squares line ``seconds = a + b * n`` (b >= 0).
 
-    def __init__(self) -> None:
+    Args:
+        decay: weight left to each earlier point per point added.
+    """
+
+    def __init__(self, decay: float = _LINE_DECAY) -> None:
+        self.decay = decay
         self.weight = self.n = self.nn = self.t = self.nt = 0.0
 
     def add(self, n: int, seconds: float) -> None:
-        d = _LINE_DECAY
+        d = self.decay
         self.weight = self.weight * d + 1.0
         self.n = self.n * d + n
         self.nn = self.nn * d + n * n
@@ -120,15 +125,20 @@ class _CostLine:
     def known(self) -> bool:
         return self.weight > 0.0
 
+    def slope(self) -> float | None:
+        """The fitted slope (any sign), or None with (nearly) one length seen."""
+        mean_n = self.n / self.weight
+        spread = self.nn / self.weight - mean_n * mean_n
+        if spread < _MIN_SPREAD:
+            return None
+        return (self.nt / self.weight - mean_n * (self.t / self.weight)) / spread
+
     def _fit(self) -> tuple[float, float, float]:
         """``(mean length, mean seconds, slope >= 0)`` of the fit."""
-        mean_n = self.n / self.weight
-        mean_t = self.t / self.weight
-        spread = self.nn / self.weight - mean_n * mean_n
         # With (nearly) one length seen the slope is unknown: flat, i.e. optimistic about longer
         # drafts, which the next rounds then measure.
-        slope = 0.0 if spread < _MIN_SPREAD else (self.nt / self.weight - mean_n * mean_t) / spread
-        return mean_n, mean_t, max(slope, 0.0)
+        slope = self.slope() or 0.0
+        return self.n / self.weight, self.t / self.weight, max(slope, 0.0)
 
     def mean_seconds(self) -> float:
         """Weighted mean of the measured seconds (the line's level, free of its slope)."""
@@ -159,7 +169,7 @@ class _DraftTime:
     def __init__(self) -> None:
         self.rounds = 0
         self.weight = self.g = self.share = 0.0  # the level (see _COST_MEMORY)
-        self.w = self.n = self.nn = self.t = self.nt = 0.0  # the slope's sums (_SLOPE_DECAY)
+        self.line = _CostLine(_SLOPE_DECAY)  # for its slope
 
     def add(self, g: int, share: float) -> None:
         self.rounds += 1
@@ -167,12 +177,7 @@ class _DraftTime:
         self.weight = self.weight * decay + 1.0
         self.g = self.g * decay + g
         self.share = self.share * decay + share
-        d = _SLOPE_DECAY
-        self.w = self.w * d + 1.0
-        self.n = self.n * d + g
-        self.nn = self.nn * d + g * g
-        self.t = self.t * d + share
-        self.nt = self.nt * d + g * share
+        self.line.add(g, share)
 
     def fit(self) -> tuple[float, float]:
         """``(fixed share per round, share per draft)``, both >= 0."""
@@ -180,11 +185,9 @@ class _DraftTime:
         # With one length seen, or nearly, only the level is known: charged per draft, the
         # cautious reading for longer drafts (what the model did before the fixed part).
         proportional = mean_share / mean_g
-        mean_n = self.n / self.w
-        spread = self.nn / self.w - mean_n * mean_n
-        if spread < _MIN_SPREAD:
+        slope = self.line.slope()
+        if slope is None:
             return 0.0, proportional
-        slope = (self.nt / self.w - mean_n * self.t / self.w) / spread
         # Neither part below zero: the slope within [0, the proportional one].
         slope = min(max(slope, 0.0), proportional)
         return mean_share - slope * mean_g, slope
