@@ -1,7 +1,8 @@
 """Where the adaptive engine's time goes, against one fixed drafter: an ablation on the demo pair.
 
     python benchmarks/adaptive_ablation.py [--regime sample] [--workload humaneval]
-        [--prompts 20] [--seeds 4] [--out benchmarks/results/adaptive_ablation.json]
+        [--prompts 20] [--seeds 4] [--model-seeds 1]
+        [--out benchmarks/results/adaptive_ablation.json]
 
 ``flashspec bench adaptive`` says how far the throughput model lands from the best fixed arm;
 this says why, by taking the model apart. Every engine below runs every prompt, interleaved in
@@ -16,8 +17,12 @@ and seed (the mean of the per-prompt log ratios, with its standard error):
 - ``model, 3 drafters``: with demo-draft3 too, as in ``flashspec bench adaptive``.
 
 Each step adds one thing the full engine does, so the differences between neighbours are what
-that thing costs or earns here. Per engine the file also keeps milliseconds, drafts and tokens
-per round and the rounds per arm.
+that thing costs or earns here. A model carries what it learns through the whole stream, so
+where its early rounds happen to leave it shapes the rest (how often it retries a slower
+drafter, which draft length it settles on): two runs of one step can differ by more than their
+standard errors. ``--model-seeds K`` runs every model step K times with the model's seeds
+0..K-1 and also reports each step's mean over them and their spread. Per engine the file also
+keeps milliseconds, drafts and tokens per round and the rounds per arm.
 """
 
 from __future__ import annotations
@@ -50,25 +55,33 @@ DRAFTERS = "demo-draft,demo-draft3,prompt_lookup"
 REFERENCE = "fixed demo-draft/4"
 
 
+STEPS = ("model, gamma 4", "model, 1 drafter", "model, + prompt lookup", "model, 3 drafters")
+
+
 def engines(
-    target: TargetModel, drafters: list[Drafter], sampling: SamplingConfig
+    target: TargetModel, drafters: list[Drafter], sampling: SamplingConfig, model_seeds: int = 1
 ) -> dict[str, SpeculativeEngine]:
-    """The reference and the model with one more of the full engine's parts at each step."""
+    """The reference and the model with one more of the full engine's parts at each step, each
+    step once per model seed (named ``"<step> (seed k)"`` when there are several)."""
     draft, draft3, lookup = drafters
 
-    def model(chosen: list[Drafter], **bandit: Any) -> SpeculativeEngine:
+    def model(chosen: list[Drafter], seed: int, **bandit: Any) -> SpeculativeEngine:
         config = FlashSpecConfig(
-            sampling=sampling, bandit=BanditConfig(plain=True, seed=0, **bandit)
+            sampling=sampling, bandit=BanditConfig(plain=True, seed=seed, **bandit)
         )
         return SpeculativeEngine(config, chosen, target)
 
-    return {
-        REFERENCE: SpeculativeEngine(FlashSpecConfig(sampling=sampling), draft, target),
-        "model, gamma 4": model([draft], gammas=(4,)),
-        "model, 1 drafter": model([draft]),
-        "model, + prompt lookup": model([draft, lookup], context="lookup"),
-        "model, 3 drafters": model([draft, draft3, lookup], context="lookup"),
-    }
+    built = {REFERENCE: SpeculativeEngine(FlashSpecConfig(sampling=sampling), draft, target)}
+    for seed in range(model_seeds):
+        suffix = f" (seed {seed})" if model_seeds > 1 else ""
+        steps = (
+            model([draft], seed, gammas=(4,)),
+            model([draft], seed),
+            model([draft, lookup], seed, context="lookup"),
+            model([draft, draft3, lookup], seed, context="lookup"),
+        )
+        built.update({name + suffix: engine for name, engine in zip(STEPS, steps, strict=True)})
+    return built
 
 
 def main() -> int:
@@ -77,13 +90,16 @@ def main() -> int:
     parser.add_argument("--workload", choices=("humaneval", "copy", "mixed"), default="humaneval")
     parser.add_argument("--prompts", type=int, default=20, help="prompts per workload")
     parser.add_argument("--seeds", type=int, default=4, help="passes with fresh seeds")
+    parser.add_argument(
+        "--model-seeds", type=int, default=1, help="runs of every model step, with seeds 0..K-1"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-prompt-tokens", type=int, default=192)
     parser.add_argument("--out", default="benchmarks/results/adaptive_ablation.json")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
-    if args.prompts < 1 or args.seeds < 1:
-        parser.error("--prompts and --seeds must be >= 1")
+    if args.prompts < 1 or args.seeds < 1 or args.model_seeds < 1:
+        parser.error("--prompts, --seeds and --model-seeds must be >= 1")
 
     machine = bench.machine_info()
     pair = load_pair("demo", None)
@@ -98,7 +114,7 @@ def main() -> int:
     }[args.workload]
     ids = [encode(pair, p.text, args.max_prompt_tokens) for p in prompts]
     sampling = REGIMES[args.regime]
-    configs = engines(target, drafters, sampling)
+    configs = engines(target, drafters, sampling, args.model_seeds)
     for engine in configs.values():
         # Warm-up, then forget it: first calls pay for allocator growth and lazy set-up.
         engine.generate(ids[0], max_new_tokens=8, ignore_eos=True, seed=0)
@@ -156,10 +172,26 @@ def main() -> int:
         }
         ratio = results[name]["vs_reference"]
         print(
-            f"{name:24s} {results[name]['tokens_per_second']:7.1f} tok/s  "
+            f"{name:32s} {results[name]['tokens_per_second']:7.1f} tok/s  "
             f"log ratio {ratio['mean_log_ratio']:+.3f} ± {ratio['standard_error']:.3f}  "
             f"{results[name]['per_round']}"
         )
+    steps: dict[str, Any] = {}
+    if args.model_seeds > 1:
+        for step in STEPS:
+            means = [
+                results[f"{step} (seed {seed})"]["vs_reference"]["mean_log_ratio"]
+                for seed in range(args.model_seeds)
+            ]
+            steps[step] = {
+                "mean_log_ratio": round(statistics.fmean(means), 4),
+                "spread_over_model_seeds": round(statistics.stdev(means), 4),
+                "per_model_seed": means,
+            }
+            mean, spread = steps[step]["mean_log_ratio"], steps[step]["spread_over_model_seeds"]
+            print(
+                f"{step:32s} mean over {args.model_seeds} model seeds {mean:+.3f} (sd {spread:.3f})"
+            )
     data = {
         "machine": machine,
         "kind": "adaptive_ablation",
@@ -168,12 +200,14 @@ def main() -> int:
             "workload": args.workload,
             "prompts": len(ids),
             "seeds": seeds,
+            "model_seeds": args.model_seeds,
             "max_new_tokens": args.max_new_tokens,
             "drafters": DRAFTERS.split(","),
             "reference": REFERENCE,
             "command": " ".join(sys.argv),
         },
         "engines": results,
+        **({"steps": steps} if steps else {}),
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
     bench.write_json(data, Path(args.out))
