@@ -155,6 +155,12 @@ class _CostLine:
         return seconds
 
 
+def _settling_mean(mean: float, value: float, count: int) -> float:
+    """The mean after its ``count``-th value: plain over the first ``_COST_MEMORY`` values, then
+    exponential with weight ``1 / _COST_MEMORY`` (see the cost memories above)."""
+    return mean + (value - mean) / min(count, _COST_MEMORY)
+
+
 class _DraftTime:
     """A drafter's drafting seconds of a round, ``e + c * g``, in shares of the target side's mean
     round time (see ``ThroughputModel.draft_seconds``).
@@ -168,20 +174,18 @@ class _DraftTime:
 
     def __init__(self) -> None:
         self.rounds = 0
-        self.weight = self.g = self.share = 0.0  # the level (see _COST_MEMORY)
+        self.g = self.share = 0.0  # the level: mean length and share (see _settling_mean)
         self.line = _CostLine(_SLOPE_DECAY)  # for its slope
 
     def add(self, g: int, share: float) -> None:
         self.rounds += 1
-        decay = 1.0 if self.rounds <= _COST_MEMORY else 1.0 - 1.0 / _COST_MEMORY
-        self.weight = self.weight * decay + 1.0
-        self.g = self.g * decay + g
-        self.share = self.share * decay + share
+        self.g = _settling_mean(self.g, g, self.rounds)
+        self.share = _settling_mean(self.share, share, self.rounds)
         self.line.add(g, share)
 
     def fit(self) -> tuple[float, float]:
         """``(fixed share per round, share per draft)``, both >= 0."""
-        mean_g, mean_share = self.g / self.weight, self.share / self.weight
+        mean_g, mean_share = self.g, self.share
         # With one length seen, or nearly, only the level is known: charged per draft, the
         # cautious reading for longer drafts (what the model did before the fixed part).
         proportional = mean_share / mean_g
@@ -448,8 +452,9 @@ class ThroughputModel:
                 if drafter != last:
                     # A switch pays the drafter's catch-up now, whatever the draw says. Free,
                     # a slower drafter's lucky draws cost a round at its rate plus ~0.4 ms of
-                    # catch-up each; the 3-drafter model spent 3-18% of sampled rounds of a
-                    # run on demo-draft3 (11-12% slower at gamma 4), mostly single ones.
+                    # catch-up each, mostly in single rounds: without it, one sampled run of
+                    # the 3-drafter model on the mixed stream played demo-draft3 (11-12% slower
+                    # at gamma 4) in 885 of 1,706 rounds.
                     seconds += plan.catch_up[drafter]
                 rate = rows * tokens[drafter][g] / seconds
             if rate > best_rate:
@@ -590,8 +595,8 @@ class ThroughputModel:
             fixed, per_draft = self._in_a_row[drafter].fit()
             excess = draft_seconds / self._line.mean_seconds() - fixed - per_draft * drafted
             self._catch_up_rounds[drafter] += 1
-            weight = 1.0 / min(self._catch_up_rounds[drafter], _COST_MEMORY)
-            self._catch_up[drafter] += weight * (excess - self._catch_up[drafter])
+            count = self._catch_up_rounds[drafter]
+            self._catch_up[drafter] = _settling_mean(self._catch_up[drafter], excess, count)
         cell = (state, f, drafter)
         raw_tried, raw_accepted = self._raw_tried[cell], self._raw_accepted[cell]
         inverse = 1.0 / self._scale[cell]
@@ -607,10 +612,10 @@ class ThroughputModel:
 @dataclass
 class _Plan:
     """``ThroughputModel._plan``: per arm its draft length at full room and drafting seconds
-    (fixed per round and per draft), the target side's seconds by verified tokens, per drafter
-    the Beta parameters of its acceptance at positions 1..its longest length, and Thompson draws
-    not used yet (``tokens[next:]``, see ``ThroughputModel._draw``). ``made`` is the model's
-    round count when it was made."""
+    (fixed per round and per draft), per drafter its catch-up seconds after a switch, the target
+    side's seconds by verified tokens, per drafter the Beta parameters of its acceptance at
+    positions 1..its longest length, and Thompson draws not used yet (``tokens[next:]``, see
+    ``ThroughputModel._draw``). ``made`` is the model's round count when it was made."""
 
     made: int
     lengths: list[int]
