@@ -13,14 +13,16 @@ see. This measures how much such states are worth, with the selector's learning 
    which every cache is rolled back: for every drafter, the probability with which each draft
    position would have been accepted (``min(1, p/q)``, its expectation rather than the coin).
    From those, the expected tokens of every arm (drafter, g <= max-gamma) in that round follow.
-2. Fixed engines of every drafter at g = 1, 2, 4, 8, and plain decoding, run the first prompts
-   interleaved: each drafter's drafting milliseconds per round as a line in g, and the target
-   side's as one line in g, fitted by least squares. They price every arm in every round.
+2. Fixed engines of every drafter at g = 1, 2, 4, 8, 16 (up to --max-gamma) and plain
+   decoding run the first prompts interleaved: each drafter's drafting milliseconds per round
+   as a line in g, and the target side's as one line in g, fitted by least squares. They price
+   every arm in every round.
 3. An oracle that knows the true mean tokens and seconds of every arm in every state picks the
    best arm per state (maximising total tokens / total seconds, by Dinkelbach's iteration). Its
    rate over the best single arm's is the most that conditioning on that state can earn; a real
    selector must also pay to learn. States: the workload, the lookup context the engine uses,
-   whether the previous round accepted every draft, all three together, the prompt (an oracle
+   which drafters would have had their first 4 drafts accepted in the round before (an upper
+   bound on what a selector's own last round tells it), all three together, the prompt (an oracle
    that knows each prompt's best arm in advance) and the round (knowing every round's
    acceptances in advance: an unreachable ceiling). The confidence stop (a model drafter stops
    after a draft whose top probability is under a threshold) is evaluated on the same rounds
@@ -62,9 +64,10 @@ from flashspec.engine import SpeculativeEngine, _Generation, _NgramIndex
 from flashspec.models import TargetModel
 
 DRAFTERS = "demo-draft,demo-draft3,prompt_lookup"
-COST_GAMMAS = (1, 2, 4, 8)
+COST_GAMMAS = (1, 2, 4, 8, 16)  # those up to --max-gamma are run
 CONFIDENCE_THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 LOOKUP_NGRAM = 2  # the engine's lookup context: a 2-gram match
+FULL_AT = 4  # "previous round full": its first 4 drafts accepted (probability >= 1/2 together)
 
 
 @dataclass
@@ -74,7 +77,7 @@ class Round:
     workload: str
     prompt: int
     lookup: bool
-    previous_full: bool
+    previous_full: tuple[bool, ...]  # per drafter, in the round before
     accept: list[list[float]]  # per drafter, per drafted position
     top: list[list[float]]  # per drafter, the top draft probability per position (models only)
 
@@ -97,6 +100,7 @@ class ProbingEngine(SpeculativeEngine):
         self.workload = ""
         self.prompt = 0
         self.rounds: list[Round] = []
+        self.last_full: tuple[bool, ...] = ()  # per drafter, its latest probe; () at a new prompt
 
     def _round(self, gen: _Generation) -> Any:
         length = gen.tokens.shape[1]
@@ -122,15 +126,12 @@ class ProbingEngine(SpeculativeEngine):
             self.target.rollback(valid)
             drafter.commit(valid)
         index = _NgramIndex(LOOKUP_NGRAM, gen.tokens, gen.padding.left)
+        previous = self.last_full or (False,) * len(accept)
         self.rounds.append(
-            Round(
-                self.workload,
-                self.prompt,
-                index.match(gen.tokens),
-                gen.last_full,
-                accept,
-                top,
-            )
+            Round(self.workload, self.prompt, index.match(gen.tokens), previous, accept, top)
+        )
+        self.last_full = tuple(
+            len(row) >= FULL_AT and float(np.prod(row[:FULL_AT])) >= 0.5 for row in accept
         )
 
 
@@ -239,16 +240,19 @@ def measure_costs(
     sampling: SamplingConfig,
     ids: list[list[int]],
     max_new: int,
+    max_gamma: int,
 ) -> tuple[CostModel, dict[str, Any]]:
-    """Fixed engines at every (drafter, g in COST_GAMMAS) and plain, interleaved per prompt."""
+    """Fixed engines at every (drafter, g in COST_GAMMAS up to ``max_gamma``) and plain,
+    interleaved per prompt."""
     with_plain = FlashSpecConfig(sampling=sampling, bandit=BanditConfig(gammas=(1,), plain=True))
     arms = SpeculativeEngine(with_plain, drafters[0], target).arms
     plain = next(i for i, arm in enumerate(arms) if arm.drafter is None)
     engines: dict[tuple[str, int], SpeculativeEngine] = {
         ("plain", 0): SpeculativeEngine(with_plain, drafters[0], target, FixedArm(len(arms), plain))
     }
+    gammas = [g for g in COST_GAMMAS if g <= max_gamma]
     for drafter in drafters:
-        for g in COST_GAMMAS:
+        for g in gammas:
             config = FlashSpecConfig(sampling=replace(sampling, gamma=g))
             engines[(drafter.name, g)] = SpeculativeEngine(config, drafter, target)
     for engine in engines.values():
@@ -276,8 +280,8 @@ def measure_costs(
     }
     draft_lines = {
         drafter.name: fit_line(
-            [per_round[(drafter.name, g)]["drafts"] for g in COST_GAMMAS],
-            [per_round[(drafter.name, g)]["draft_ms"] for g in COST_GAMMAS],
+            [per_round[(drafter.name, g)]["drafts"] for g in gammas],
+            [per_round[(drafter.name, g)]["draft_ms"] for g in gammas],
         )
         for drafter in drafters
     }
@@ -321,7 +325,9 @@ def main() -> int:
     sampling = REGIMES[args.regime]
 
     cost_ids = [x for w in ids.values() for x in w[: args.cost_prompts]]
-    costs, measured = measure_costs(target, drafters, sampling, cost_ids, args.max_new_tokens)
+    costs, measured = measure_costs(
+        target, drafters, sampling, cost_ids, args.max_new_tokens, args.max_gamma
+    )
 
     reference_drafter = load_drafters_for(argparse.Namespace(drafters="demo-draft"))[0]
     engine = ProbingEngine(
@@ -332,7 +338,7 @@ def main() -> int:
     for seed, workload, position in bench.progress(passes, desc="probe", disable=args.no_progress):
         for drafter in drafters:
             drafter.reset()
-        engine.workload, engine.prompt = workload, position
+        engine.workload, engine.prompt, engine.last_full = workload, position, ()
         engine.generate(
             ids[workload][position],
             max_new_tokens=args.max_new_tokens,
@@ -346,7 +352,7 @@ def main() -> int:
         "one arm": lambda r: 0,
         "workload": lambda r: r.workload,
         "lookup context": lambda r: r.lookup,
-        "previous round full": lambda r: r.previous_full,
+        "previous round (whose 4 drafts pass)": lambda r: r.previous_full,
         "workload x lookup x previous": lambda r: (r.workload, r.lookup, r.previous_full),
         "prompt (known in advance)": lambda r: (r.workload, r.prompt),
         "round (acceptances known in advance)": lambda r: id(r),
