@@ -372,6 +372,21 @@ def main() -> int:
             "best_single_tokens_per_second": round(single, 2),
             "by_state": {},
         }
+        # Each drafter at its own best length, and plain decoding, against the best single arm.
+        rates = t.sum(axis=0) / s.sum(axis=0)
+        entry["best_per_drafter"] = {
+            name: {
+                "arm": labels[column],
+                "vs_best_single": round(float(rates[column]) / single, 4),
+            }
+            for name in ["plain", *names]
+            for column in [
+                max(
+                    (i for i, label in enumerate(labels) if label.split("/")[0] == name),
+                    key=lambda i: float(rates[i]),
+                )
+            ]
+        }
         for state, key in states.items():
             rate, choice = oracle(t, s, [key(chosen[i]) for i in range(len(rows))])
             arms = sorted({labels[a] for a in choice.values()})

@@ -23,6 +23,10 @@ PROFILE_JSON = RESULTS / "profile.json"
 REGRET_JSON = RESULTS / "regret.json"
 ADAPTIVE_JSON = RESULTS / "adaptive.json"
 SERVE_JSON = RESULTS / "serve_load.json"
+HEADROOM_JSONS = (
+    RESULTS / "adaptive_headroom_sample.json",
+    RESULTS / "adaptive_headroom_greedy.json",
+)
 # Written by scripts/train_demo_pair.py from the measurements in card.json.
 DEMO_CARD = ROOT / "flashspec" / "demo" / "CARD.md"
 SWEEP_HEADER = ["gamma", "speedup (median)", "ideal", "acceptance", "tokens/round", "identical"]
@@ -302,6 +306,60 @@ def adaptive_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def headroom_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The oracle bounds of ``benchmarks/adaptive_headroom.py``: one column per regime and
+    scope, one row per state the oracle conditions on."""
+    columns = [
+        (run["settings"]["regime"], scope, entry)
+        for run in runs
+        for scope, entry in run["scopes"].items()
+    ]
+    states = list(columns[0][2]["by_state"])
+    lines = [
+        "**Headroom** (`benchmarks/adaptive_headroom.py`; "
+        + "; ".join(
+            f"{run['settings']['regime']}: {_versions(run['machine'])}, "
+            f"{run['settings']['prompts_per_workload']} prompts per workload x "
+            f"{run['settings']['seeds']} seeds, lengths up to {run['settings']['max_gamma']}"
+            for run in runs
+        )
+        + "): the tokens/s of an oracle that knows every arm's true mean in each state and "
+        "plays the best one there, over the best single arm's, both priced by the measured "
+        "cost lines. What the adaptive engine could gain over the best fixed arm by "
+        "conditioning on that state, before paying to learn it.",
+        "",
+        "| the oracle knows | " + " | ".join(f"{r} {s}" for r, s, _ in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+        "| (best single arm) | "
+        + " | ".join(f"`{e['best_single_arm']}`" for *_, e in columns)
+        + " |",
+    ]
+    for name in columns[0][2].get("best_per_drafter", {}):
+        cells = [
+            f"{e['best_per_drafter'][name]['vs_best_single']:.4f} "
+            f"`{e['best_per_drafter'][name]['arm']}`"
+            for *_, e in columns
+        ]
+        lines.append(f"| no state; {name} only, at its best length | " + " | ".join(cells) + " |")
+    for state in states:
+        cells = [f"{e['by_state'][state]['vs_best_single']:.4f}" for *_, e in columns]
+        lines.append(f"| {state} | " + " | ".join(cells) + " |")
+    drafters = sorted({d for *_, e in columns for d in e["confidence_stop"]})
+    for drafter in drafters:
+        cells = []
+        for *_, e in columns:
+            rule = e["confidence_stop"].get(drafter)
+            cells.append(
+                f"{rule['vs_best_single']:.4f} (< {rule['threshold']}, <= {rule['max_gamma']})"
+                if rule
+                else "n/a"
+            )
+        lines.append(
+            f"| confidence stop, {drafter} (best threshold, length) | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
 def _held_out_note(data: dict[str, Any]) -> str:
     # Older files predate the held-out choice.
     first = next(iter(data["regimes"].values()))
@@ -366,6 +424,9 @@ def main() -> None:
         adaptive_lines += regret_section(json.loads(REGRET_JSON.read_text()))
     if ADAPTIVE_JSON.exists():
         adaptive_lines += ["", *adaptive_section(json.loads(ADAPTIVE_JSON.read_text()))]
+    headroom = [json.loads(path.read_text()) for path in HEADROOM_JSONS if path.exists()]
+    if headroom:
+        adaptive_lines += ["", *headroom_section(headroom)]
     if DEMO_CARD.exists():
         card = DEMO_CARD.read_text().strip().replace("\n## ", "\n#### ")
         text = replace_between(text, "DEMO-CARD", card)
