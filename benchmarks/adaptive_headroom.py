@@ -28,6 +28,11 @@ see. This measures how much such states are worth, with the selector's learning 
    after a draft whose top probability is under a threshold) is evaluated on the same rounds
    at every threshold and maximum length.
 
+Every recorded round starts where one of the reference's rounds starts, so an arm is priced at
+the reference's starting points rather than its own; sampled, every arm that matters emits 2 to
+4 tokens a round, as the reference does. The rates are those of the cost lines, measured with a
+few engines interleaved, not the bench's crowd of them, so only the ratios carry over.
+
 The sampled regime's trajectories do not depend on the reference arm (speculative decoding keeps
 the target's distribution), and greedy ones are the target's own, so the rounds are the ones
 any engine would see. Rounds with less than ``max-gamma + 1`` tokens of room are left out, so
@@ -226,6 +231,19 @@ def confidence_rule(
     return best
 
 
+def _confidence_signal(rounds: list[Round], drafter: int) -> dict[str, float]:
+    """How much a draft's top probability says about its acceptance: the median top
+    probability, and the mean acceptance probability of drafts under and over it."""
+    top = np.array([t for rnd in rounds for t in rnd.top[drafter]])
+    accept = np.array([a for rnd in rounds for a in rnd.accept[drafter][: len(rnd.top[drafter])]])
+    median = float(np.median(top))
+    return {
+        "top_probability_median": round(median, 4),
+        "acceptance_under_median": round(float(accept[top < median].mean()), 4),
+        "acceptance_over_median": round(float(accept[top >= median].mean()), 4),
+    }
+
+
 # ------------------------------------------------------------------------------ measurement
 
 
@@ -404,6 +422,7 @@ def main() -> int:
                 "threshold": rule["threshold"],
                 "max_gamma": rule["max_gamma"],
                 "vs_best_single": round(rule["rate"] / single, 4),
+                **_confidence_signal(chosen, d),
             }
         results[scope] = entry
 
