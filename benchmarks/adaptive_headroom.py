@@ -67,6 +67,7 @@ from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import Drafter
 from flashspec.engine import SpeculativeEngine, _Generation, _NgramIndex
 from flashspec.models import TargetModel
+from flashspec.throughput import _tokens
 
 DRAFTERS = "demo-draft,demo-draft3,prompt_lookup"
 COST_GAMMAS = (1, 2, 4, 8, 16)  # those up to --max-gamma are run
@@ -85,6 +86,7 @@ class Round:
     previous_full: tuple[bool, ...]  # per drafter, in the round before
     accept: list[list[float]]  # per drafter, per drafted position
     top: list[list[float]]  # per drafter, the top draft probability per position (models only)
+    tokens: list[list[float]]  # per drafter, tokens_by_length of its acceptances
 
 
 class ProbingEngine(SpeculativeEngine):
@@ -133,7 +135,15 @@ class ProbingEngine(SpeculativeEngine):
         index = _NgramIndex(LOOKUP_NGRAM, gen.tokens, gen.padding.left)
         previous = self.last_full or (False,) * len(accept)
         self.rounds.append(
-            Round(self.workload, self.prompt, index.match(gen.tokens), previous, accept, top)
+            Round(
+                self.workload,
+                self.prompt,
+                index.match(gen.tokens),
+                previous,
+                accept,
+                top,
+                [tokens_by_length(row) for row in accept],
+            )
         )
         self.last_full = tuple(
             len(row) >= FULL_AT and float(np.prod(row[:FULL_AT])) >= 0.5 for row in accept
@@ -159,14 +169,12 @@ class CostModel:
         return ms / 1000.0
 
 
-def expected_tokens(accept: Sequence[float], g: int) -> float:
-    """Tokens a round of ``g`` drafts emits in expectation: the bonus token plus each drafted
-    position times the probability that it and all before it are accepted."""
-    tokens, reach = 1.0, 1.0
-    for p in accept[:g]:
-        reach *= p
-        tokens += reach
-    return tokens
+def tokens_by_length(accept: Sequence[float]) -> list[float]:
+    """Tokens a round of 0, 1, ..., len(accept) drafts emits in expectation (the throughput
+    model's own formula): the bonus token plus each drafted position times the probability
+    that it and all before it are accepted."""
+    by_length: list[float] = _tokens(np.array([accept], dtype=np.float64), 1)[0].tolist()
+    return by_length
 
 
 def arm_table(
@@ -179,10 +187,10 @@ def arm_table(
     for r, rnd in enumerate(rounds):
         tokens[r, 0], seconds[r, 0] = 1.0, costs.seconds(None, 0)
         column = 1
-        for name, accept in zip(names, rnd.accept, strict=True):
+        for name, by_length in zip(names, rnd.tokens, strict=True):
             for g in range(1, max_gamma + 1):
-                drafts = min(g, len(accept))  # prompt lookup may propose fewer
-                tokens[r, column] = expected_tokens(accept, drafts)
+                drafts = min(g, len(by_length) - 1)  # prompt lookup may propose fewer
+                tokens[r, column] = by_length[drafts]
                 seconds[r, column] = costs.seconds(name, drafts)
                 column += 1
     return labels, tokens, seconds
@@ -224,7 +232,7 @@ def confidence_rule(
             for rnd in rounds:
                 top = rnd.top[drafter]
                 drafts = next((i + 1 for i in range(g) if top[i] < threshold), g)
-                total_t += expected_tokens(rnd.accept[drafter], drafts)
+                total_t += rnd.tokens[drafter][drafts]
                 total_s += costs.seconds(name, drafts)
             if total_t / total_s > best["rate"]:
                 best = {"rate": total_t / total_s, "threshold": threshold, "max_gamma": g}

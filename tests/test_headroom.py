@@ -25,10 +25,11 @@ def headroom() -> ModuleType:
 
 
 def test_expected_tokens_are_the_bonus_plus_each_reach(headroom: ModuleType) -> None:
-    assert headroom.expected_tokens([1.0, 1.0, 0.5], 3) == pytest.approx(3.5)
-    assert headroom.expected_tokens([0.5, 0.5], 2) == pytest.approx(1.75)
-    assert headroom.expected_tokens([0.5, 0.5], 1) == pytest.approx(1.5)
-    assert headroom.expected_tokens([0.9], 0) == 1.0
+    assert headroom.tokens_by_length([1.0, 1.0, 0.5])[3] == pytest.approx(3.5)
+    assert headroom.tokens_by_length([0.5, 0.5])[2] == pytest.approx(1.75)
+    assert headroom.tokens_by_length([0.5, 0.5])[1] == pytest.approx(1.5)
+    assert headroom.tokens_by_length([0.9])[0] == 1.0
+    assert headroom.tokens_by_length([]) == [1.0]  # prompt lookup without a match
 
 
 def test_the_oracle_maximises_the_total_rate_not_each_groups_own(headroom: ModuleType) -> None:
