@@ -263,7 +263,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "sweep (engine.json, engine.png). kernel: the residual kernel against NumPy, torch "
             "and C (kernel.json, kernel.png). profile: where a speculative round's time goes "
             "(profile.json). regret: UCB1 and Thompson sampling on Bernoulli arms "
-            "(regret.json, regret.png)."
+            "(regret.json, regret.png). recurrent: recurrent/hybrid pairs (recurrent.json)."
         ),
     )
     which = bench.add_subparsers(dest="bench", required=True)
@@ -359,6 +359,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common(adaptive)
     adaptive_arguments(adaptive)
 
+    from ._bench_recurrent import add_arguments as recurrent_arguments
+
+    recurrent = which.add_parser(
+        "recurrent", help="recurrent/hybrid pairs: speedup over HF generate, replay cost"
+    )
+    common(recurrent)
+    recurrent_arguments(recurrent)
+
     every = which.add_parser(
         "all", help="kernel, engine and profile in turn (kernel.json, engine.json, profile.json)"
     )
@@ -387,6 +395,10 @@ def main(args: argparse.Namespace) -> int:
         from . import _bench_adaptive
 
         return _bench_adaptive.main(args)
+    if args.bench == "recurrent":
+        from . import _bench_recurrent
+
+        return _bench_recurrent.main(args)
     from . import _bench_engine
 
     if args.bench == "engine":

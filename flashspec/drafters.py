@@ -118,7 +118,7 @@ class ModelDrafter(Drafter):
     ) -> None:
         if temperature is not None and (isinstance(temperature, bool) or not temperature >= 0):
             raise ValueError(f"ModelDrafter temperature must be None or >= 0, got {temperature!r}")
-        self._lm = CausalLM(model, name=name, tokenizer=tokenizer)
+        self._lm = CausalLM(model, name=name, tokenizer=tokenizer, role="drafter")
         self.name = self._lm.name
         self.temperature = temperature
 
@@ -136,8 +136,10 @@ class ModelDrafter(Drafter):
         lm = self._lm
         length = ctx.tokens.shape[1]
         if lm.max_context is not None:
-            # Draft i is produced by feeding column length + i - 2, which must be a valid position.
-            gamma = min(gamma, lm.max_context - length + 1)
+            # Draft i is produced by feeding column length + i - 2, a valid position for the
+            # shortest row (longer rows' positions are clamped; their drafts past their limit
+            # are never emitted).
+            gamma = min(gamma, lm.max_context - (length - ctx.padding.max_left) + 1)
         if gamma <= 0:
             return _no_drafts(ctx.tokens)
         threshold = ctx.confidence_threshold
@@ -145,6 +147,10 @@ class ModelDrafter(Drafter):
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         for i in range(gamma):
+            if i:
+                # A stateful drafter keeps a copy of its state at each committed-or-drafted
+                # column, so commit() returns to the accepted one without feeding anything again.
+                lm.mark()
             logits = lm.forward(feed, ctx.padding, keep=1)[:, -1]
             if ctx.warper.greedy:
                 token = logits.max(dim=-1).indices

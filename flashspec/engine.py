@@ -68,8 +68,11 @@ class GenerationStats:
     """Counters and timings of one generation.
 
     ``drafted``/``accepted`` count draft tokens over all rows; ``accepted`` counts drafts that
-    were emitted. Times are wall-clock seconds spent inside rounds (on a GPU, without explicit
-    synchronisation, asynchronous work is billed to the step that waits for it).
+    were emitted. ``replays``/``replayed_tokens``/``time_replay``: a target with recurrent
+    state restores its state and feeds the committed tokens again after a round that rejected
+    a draft (``time_replay`` is part of ``time_other``). Times are wall-clock seconds spent
+    inside rounds (on a GPU, without explicit synchronisation, asynchronous work is billed to
+    the step that waits for it).
     """
 
     rounds: int = 0
@@ -82,6 +85,9 @@ class GenerationStats:
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_accept: float = 0.0
+    replays: int = 0
+    replayed_tokens: int = 0
+    time_replay: float = 0.0
     arm_rounds: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -570,9 +576,12 @@ class SpeculativeEngine:
         stats = gen.stats
         length = gen.tokens.shape[1]
         generated = length - gen.prompt_length  # the same for every live row (lockstep)
-        room = max(gen.max_new_tokens[i] for i in gen.live) - generated
-        if gen.limit is not None:
-            room = min(room, gen.limit - length)
+        # Each row's own room: its max_new_tokens, and the context limit counted from its own
+        # length (not the padded width, or a long prompt would cut the short rows beside it).
+        room = max(
+            self._row_room(gen, index, left, generated, length)
+            for index, left in zip(gen.live, gen.padding.lefts, strict=True)
+        )
 
         # 0. choose the arm: a drafter and its draft length, or plain decoding. Drafts beyond
         # room - 1 could never be emitted (the round adds one token of its own), and a round
@@ -636,7 +645,7 @@ class SpeculativeEngine:
         emitted = torch.cat([proposal.tokens[:, :m], acceptance.token.unsqueeze(1)], dim=1)
         gen.tokens = torch.cat([gen.tokens, emitted], dim=1)
         valid = gen.tokens.shape[1] - 1  # the newest token has no keys/values anywhere yet
-        self.target.rollback(valid)
+        self.target.commit(gen.tokens, gen.padding)
         for each in self.drafters:
             each.commit(valid)
 
@@ -647,6 +656,9 @@ class SpeculativeEngine:
         stats.accepted += sum(m + (row[g + 1] > m) for row in host)
         stats.emitted += (m + 1) * live_rows
         stats.arm_rounds[arm.label] = stats.arm_rounds.get(arm.label, 0) + 1
+        stats.replays = self.target.replays
+        stats.replayed_tokens = self.target.replayed_tokens
+        stats.time_replay = self.target.replay_seconds
         if g:
             gen.last_full = m == g
         if (
@@ -685,6 +697,14 @@ class SpeculativeEngine:
         # The round's time includes the learning after it: it is the selector's own cost.
         stats.time_total += time.perf_counter() - start
         return chunks
+
+    @staticmethod
+    def _row_room(gen: _Generation, index: int, left: int, generated: int, length: int) -> int:
+        """Tokens batch row ``index`` (left padding ``left``) may still emit."""
+        room = gen.max_new_tokens[index] - generated
+        if gen.limit is not None:
+            room = min(room, gen.limit - (length - left))
+        return room
 
     def _context(self, gen: _Generation) -> int:
         """Which selector decides this round: 1 if prompt lookup has a match (context
@@ -725,14 +745,16 @@ class SpeculativeEngine:
 
     def _finish_rows(self, gen: _Generation, new_tokens: list[list[int]]) -> list[StreamChunk]:
         """Apply EOS, stop strings and limits to each live row's new tokens; drop finished rows."""
-        length = gen.tokens.shape[1]
-        at_limit = gen.limit is not None and length >= gen.limit
+        before_round = gen.tokens.shape[1] - len(new_tokens[0]) if new_tokens else 0
         chunks: list[StreamChunk] = []
         keep: list[int] = []
         for position, (index, tokens) in enumerate(zip(gen.live, new_tokens, strict=True)):
             row = gen.rows[index]
-            # Rows have their own max_new_tokens; the round was sized for the one with most room.
-            tokens = tokens[: gen.max_new_tokens[index] - len(row.tokens)]
+            # Rows have their own limits; the round was sized for the one with most room.
+            left = gen.padding.lefts[position]
+            room = self._row_room(gen, index, left, len(row.tokens), before_round)
+            tokens = tokens[:room]
+            at_limit = gen.limit is not None and before_round - left + len(tokens) >= gen.limit
             for cut, token in enumerate(tokens):
                 if token in gen.eos:
                     tokens = tokens[: cut + 1]

@@ -9,13 +9,30 @@ number of columns still valid. Nothing is ever recomputed from the start of the 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache, select_cache_rows
+from ._compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache
+from ._state import (
+    CHECK_TOLERANCE,
+    CacheSupport,
+    Snapshot,
+    StateMode,
+    check_support,
+    crop_attention,
+    has_recurrent_state,
+    restore_snapshot,
+    select_attention_rows,
+    select_state_rows,
+    state_difference,
+    state_mode,
+    take_snapshot,
+    trim_conv,
+)
 from .config import resolve_dtype
 
 DEMO_NAME = "demo"
@@ -76,8 +93,11 @@ class Padding:
 
     def __init__(self, left: torch.Tensor) -> None:
         self.left = left
+        # Read once per batch layout: rounds size themselves per row from these on the host.
+        self.lefts: list[int] = [int(v) for v in left.tolist()]
+        self.max_left = max(self.lefts, default=0)
         # Without padding the models can take their faster unmasked causal path.
-        self.any = bool(left.numel() and int(left.max()) > 0)
+        self.any = self.max_left > 0
 
     def position_ids(self, start: int, length: int) -> torch.Tensor:
         """(B, length) positions of columns ``start .. start + length - 1``."""
@@ -128,9 +148,20 @@ def _max_positions(config: Any) -> int | None:
 
 
 class CausalLM:
-    """A causal LM plus its KV cache, with rollback by cropping.
+    """A causal LM plus its KV cache, with rollback by cropping (attention) or by snapshots
+    (recurrent state, see ``flashspec._state``).
 
     Wrap the model after moving it to its device and dtype.
+
+    Args:
+        model: the HuggingFace causal LM.
+        name: a label for messages and stats.
+        tokenizer: the model's tokenizer, if known.
+        role: "target" or "drafter", for the refusal of a cache that cannot roll back exactly.
+
+    Raises:
+        UnsupportedModelError: (a ValueError) the model's cache cannot be rolled back exactly
+            in ``role``; the message names the model class, the layer kind and what works.
 
     Attributes:
         model: the HuggingFace model (in eval mode).
@@ -139,10 +170,19 @@ class CausalLM:
         vocab_size: width of the logits (rows of the output embedding).
         max_context: positions the model can attend over (``max_position_embeddings``), or None.
         cached: committed columns whose keys/values are in ``cache``.
+        support: whether the cache holds recurrent/conv state, and whether a multi-token
+            forward after a cached state is exact.
+        state_mode: rollback policy of a stateful model (``flashspec._state.state_mode``; read
+            from ``FLASHSPEC_RECURRENT``, settable).
+        replays, replayed_tokens, replay_seconds: restore-and-replay forwards this generation.
     """
 
     def __init__(
-        self, model: torch.nn.Module, name: str | None = None, tokenizer: Any = None
+        self,
+        model: torch.nn.Module,
+        name: str | None = None,
+        tokenizer: Any = None,
+        role: str = "target",
     ) -> None:
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(
@@ -156,9 +196,16 @@ class CausalLM:
         # Read once: HF config attribute access is slow enough to show up per round.
         self.vocab_size = _logit_width(model)
         self.max_context = _max_positions(self.config)
+        self.support: CacheSupport = check_support(model, new_cache(model), role)
+        self.state_mode: StateMode = state_mode()
         self.cache: Any = None
         self.cached = 0
         self._sliding = False
+        # Stateful models: state copies by committed column, kept within one round.
+        self._marks: dict[int, Snapshot] = {}
+        self.replays = 0
+        self.replayed_tokens = 0
+        self.replay_seconds = 0.0
 
     @property
     def config(self) -> Any:
@@ -182,13 +229,34 @@ class CausalLM:
         self.cache = new_cache(self.model)
         self.cached = 0
         self._sliding = has_sliding_layers(self.cache)
+        self._marks.clear()
+        self.replays = 0
+        self.replayed_tokens = 0
+        self.replay_seconds = 0.0
 
     def forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
         """Feed the columns after ``cached``; return the last ``keep`` logits, (B, keep, V)."""
+        if not self.support.chunked_exact and self.cached > 0 and input_ids.shape[1] > 1:
+            # This family's multi-token forward after a cached state is not exact: feed tokens
+            # one at a time (only drafters get here; such targets are refused).
+            steps = [
+                self._forward(input_ids[:, j : j + 1], padding, 1)
+                for j in range(input_ids.shape[1])
+            ]
+            return torch.cat(steps[-keep:], dim=1)
+        return self._forward(input_ids, padding, keep)
+
+    def _forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
         start, length = self.cached, input_ids.shape[1]
         kwargs: dict[str, Any] = {self.signature.cache_arg: self.cache, "use_cache": True}
         if self.signature.position_ids:
-            kwargs["position_ids"] = padding.position_ids(start, length)
+            positions = padding.position_ids(start, length)
+            if self.max_context is not None and start + length - padding.max_left > 0:
+                # A row nearer its context limit than the row the round is sized for gets
+                # columns past the limit; they are never emitted for it (the engine cuts each
+                # row at its own limit), and clamped they index no missing position embedding.
+                positions = positions.clamp_max(self.max_context - 1)
+            kwargs["position_ids"] = positions
         if self.signature.attention_mask and padding.any:
             kwargs["attention_mask"] = padding.attention_mask(start + length)
         if self.signature.logits_to_keep:
@@ -200,18 +268,45 @@ class CausalLM:
         return logits[:, -keep:]
 
     def rollback(self, valid: int) -> None:
-        """Keep only the first ``valid`` columns in the cache (no-op if it holds fewer)."""
+        """Keep only the first ``valid`` columns in the cache (no-op if it holds fewer).
+
+        A stateful model goes back to the state copy marked at ``valid`` (``mark``); without
+        one the cache is emptied and the next forward starts from the first column, which is
+        exact (a drafter's catch-up). Conv-only state crops like attention.
+        """
+        if not self.support.stateful:
+            if self.cached > valid:
+                crop_cache(self.cache, self.cached - valid)
+                self.cached = valid
+            elif self._sliding:
+                # Sliding layers keep every state until a crop (so rollbacks work); trim them.
+                crop_cache(self.cache, 0)
+            return
         if self.cached > valid:
-            crop_cache(self.cache, self.cached - valid)
-            self.cached = valid
-        elif self._sliding:
-            # Sliding layers keep every state until a crop (so rollbacks work); trim them.
-            crop_cache(self.cache, 0)
+            mark = self._marks.get(valid)
+            if mark is not None:
+                restore_snapshot(self.cache, mark, self.cached)
+                self.cached = valid
+            elif not has_recurrent_state(self.cache):
+                crop_cache(self.cache, self.cached - valid)
+                self.cached = valid
+            else:
+                self.reset()
+        crop_attention(self.cache, 0)
+        trim_conv(self.cache)
+        self._marks.clear()
+
+    def mark(self) -> None:
+        """Copy a stateful model's state at the current column, for ``rollback`` to return to
+        (no-op for attention-only models, which crop)."""
+        if self.support.stateful:
+            self._marks[self.cached] = take_snapshot(self.cache, self.cached)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index`` (finished rows leave the batch)."""
         if self.cached > 0:
-            select_cache_rows(self.cache, index)
+            select_attention_rows(self.cache, index)
+            select_state_rows(self.cache, index)
 
 
 class TargetModel(CausalLM):
@@ -243,17 +338,85 @@ class TargetModel(CausalLM):
             model = place_model(model, device, dtype)
             if tokenizer is None and hub_id is not None and os.path.isdir(hub_id):
                 tokenizer = _try_tokenizer(hub_id)
-        super().__init__(model, name=hub_id, tokenizer=tokenizer)
+        super().__init__(model, name=hub_id, tokenizer=tokenizer, role="target")
 
     def verify(self, pending: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
         """Score the uncached committed tokens plus the drafts in one forward.
+
+        A stateful target first feeds all but the newest pending token and marks its state
+        there, at a committed column the round can return to.
 
         Returns:
             (B, g + 1, V) logits: entry i predicts the token after draft i - 1 (entry 0 follows
             the last committed token, entry g is the bonus position).
         """
+        if self.support.stateful:
+            if pending.shape[1] > 1:
+                self.forward(pending[:, :-1], padding, keep=1)
+                pending = pending[:, -1:]
+            self.mark()
         tokens = torch.cat([pending, drafts], dim=1) if drafts.shape[1] else pending
         return self.forward(tokens, padding, keep=drafts.shape[1] + 1)
+
+    def commit(self, tokens: torch.Tensor, padding: Padding) -> None:
+        """After a round, hold every committed column of ``tokens`` (B, L) but the newest.
+
+        Attention: a crop. Stateful, fully accepted (``keep``): the verify forward fed exactly
+        those columns, so its state stays. Otherwise the state marked before the forward is
+        restored and the committed columns after it are fed again. ``state_mode`` ``replay``
+        always does the latter; ``check`` also replays one token at a time from the mark and
+        raises if that state differs from the one kept.
+
+        Raises:
+            RuntimeError: in ``check`` mode, a kept state that is not the replayed one.
+        """
+        valid = tokens.shape[1] - 1
+        mark = next(iter(self._marks.values()), None)  # verify marks once per round
+        if mark is None or not self.support.stateful:
+            self.rollback(valid)
+            return
+        replay = self.state_mode == "replay" or (
+            self.cached > valid and has_recurrent_state(self.cache)
+        )
+        if replay:
+            self._replay(tokens, padding, mark, step=False, copy=self.state_mode == "check")
+        elif self.cached > valid:
+            crop_cache(self.cache, self.cached - valid)  # conv-only state crops exactly
+            self.cached = valid
+        if self.state_mode == "check":
+            kept = take_snapshot(self.cache, self.cached)
+            self._replay(tokens, padding, mark, step=True, copy=False)
+            difference = state_difference(self.cache, kept)
+            if difference > CHECK_TOLERANCE:
+                raise RuntimeError(
+                    f"{self.name}: the state kept after a round differs from a token-by-token "
+                    f"replay of the committed tokens by {difference:.3g} (relative; tolerance "
+                    f"{CHECK_TOLERANCE}); flashspec's rollback of this model is wrong, please "
+                    "report it"
+                )
+        self._marks.clear()
+        crop_attention(self.cache, 0)
+        trim_conv(self.cache)
+
+    def _replay(
+        self, tokens: torch.Tensor, padding: Padding, mark: Snapshot, *, step: bool, copy: bool
+    ) -> None:
+        """Restore ``mark`` and feed the committed columns after it (one forward, or one per
+        token with ``step``), up to all but the newest."""
+        start = time.perf_counter()
+        valid = tokens.shape[1] - 1
+        if mark.empty:
+            self.cache = new_cache(self.model)
+        else:
+            restore_snapshot(self.cache, mark, self.cached, copy=copy)
+        self.cached = mark.columns
+        chunk = 1 if step else valid - mark.columns
+        for begin in range(mark.columns, valid, max(chunk, 1)):
+            self.forward(tokens[:, begin : begin + chunk], padding, keep=1)
+        if not step:
+            self.replays += 1
+            self.replayed_tokens += valid - mark.columns
+            self.replay_seconds += time.perf_counter() - start
 
 
 def place_model(

@@ -416,3 +416,30 @@ def test_sampling_override_per_call() -> None:
     assert a.stats.drafted <= 2 * a.stats.rounds  # the call's gamma, not the engine's
     with pytest.raises(TypeError, match="sampling must be a SamplingConfig"):
         eng.generate(PROMPT, sampling={"temperature": 1.0})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_each_row_has_its_own_context_limit(arch: str) -> None:
+    """A short row batched with one near the context limit is not cut at (limit - the longest
+    prompt): each row stops at its own limit. GPT-2's learned positions also check that the
+    long row's columns past its limit index no missing position embedding."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if arch == "llama":
+        model = build_llama(4, max_positions=48)
+    else:
+        torch.manual_seed(4)
+        config = GPT2Config(vocab_size=58, n_positions=48, n_embd=32, n_layer=2, n_head=2)
+        model = GPT2LMHeadModel(config).eval()
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=4)),
+        [ModelDrafter(perturbed_copy(model, 0.02, seed=1))],
+        TargetModel(model=model),
+    )
+    long_row, short_row = [7] * 44, [5, 9, 11, 13]
+    single_short = engine.generate([short_row], max_new_tokens=16, ignore_eos=True)
+    single_long = engine.generate([long_row], max_new_tokens=16, ignore_eos=True)
+    batch = engine.generate([long_row, short_row], max_new_tokens=16, ignore_eos=True)
+    assert batch.finish_reasons == ["context_limit", "length"]
+    assert batch.tokens[1] == single_short.tokens[0] and len(batch.tokens[1]) == 16
+    assert batch.tokens[0] == single_long.tokens[0] and len(batch.tokens[0]) == 48 - 44
