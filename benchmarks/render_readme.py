@@ -23,6 +23,7 @@ PROFILE_JSON = RESULTS / "profile.json"
 REGRET_JSON = RESULTS / "regret.json"
 ADAPTIVE_JSON = RESULTS / "adaptive.json"
 SERVE_JSON = RESULTS / "serve_load.json"
+RECURRENT_JSON = RESULTS / "recurrent.json"
 HEADROOM_JSONS = (
     RESULTS / "adaptive_headroom_sample.json",
     RESULTS / "adaptive_headroom_greedy.json",
@@ -410,7 +411,23 @@ def replace_between(text: str, tag: str, body: str) -> str:
     return text[:a] + "\n" + body + "\n" + text[b:]
 
 
+def recurrent_section(data: dict[str, Any]) -> str:
+    from flashspec._bench_recurrent import table
+
+    s = data["settings"]
+    return (
+        f"{_versions(data['machine'])}. {s['prompts']} random prompts of 24 tokens, "
+        f"{s['max_new_tokens']} new tokens, gamma = {s['gamma']}, {s['layers']}-layer targets, "
+        f"{s['threads']} torch thread; medians of per-prompt ratios.\n\n{table(data)}"
+    )
+
+
 def main() -> None:
+    if RECURRENT_JSON.exists():
+        models_doc = ROOT / "docs" / "models.md"
+        body = recurrent_section(json.loads(RECURRENT_JSON.read_text()))
+        models_doc.write_text(replace_between(models_doc.read_text(), "RECURRENT-BENCH", body))
+        print(f"updated {models_doc}")
     text = README.read_text()
     if KERNEL_JSON.exists():
         kernel = json.loads(KERNEL_JSON.read_text())
