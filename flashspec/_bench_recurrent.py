@@ -24,7 +24,7 @@ import torch
 
 from . import _argtypes
 
-FAMILIES = ("mamba2", "qwen3_next", "lfm2", "falcon_h1")
+FAMILIES = ("mamba2", "qwen3_next", "lfm2", "falcon_h1", "mamba", "falcon_mamba", "jamba")
 VOCAB = 256
 # The share of each deep layer's output kept in the target: small, so a 1-layer draft agrees
 # with the 8-layer target on most tokens.
@@ -119,9 +119,9 @@ def pair(family: str, layers: int = 8, seed: int = 0) -> tuple[Any, Any]:
                     ("out_proj.weight", "o_proj.weight", "down_proj.weight", "w2.weight")
                 ):
                     param.mul_(DEEP_SCALE)
-    # transformers cannot run a Qwen3-Next or Lfm2 without attention layers: their drafts keep
-    # the first attention layer too.
-    draft = build(family, 2 if family in ("qwen3_next", "lfm2") else 1, seed)
+    # transformers cannot run these hybrids without attention layers: their drafts keep the
+    # first attention layer too.
+    draft = build(family, 2 if family in ("qwen3_next", "lfm2", "jamba") else 1, seed)
     # The target's first layer(s), embeddings, final norm and head; deeper layers' keys are extra.
     missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
     if missing:

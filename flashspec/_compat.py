@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ._mamba1 import OWNED_CACHE
+
 
 def _triton_available() -> bool:
     try:
@@ -69,6 +71,8 @@ def new_cache(model: torch.nn.Module) -> Any:
     # Sliding-window layers drop old states unless told to keep them until the next crop.
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
+    # Marks the cache as flashspec's: mixers it patched (``_mamba1``) behave as shipped on others.
+    setattr(cache, OWNED_CACHE, True)
     return cache
 
 

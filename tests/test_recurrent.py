@@ -20,13 +20,14 @@ from conftest import build_char_tokenizer, build_llama, perturbed_copy
 import flashspec._state as state
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
 from flashspec._bench_recurrent import build
-from flashspec._compat import crop_cache
+from flashspec._compat import crop_cache, new_cache
 from flashspec.drafters import DraftContext, Drafter, ModelDrafter, PromptLookupDrafter
 from flashspec.models import Padding
 from flashspec.sampling import Warper
 
-EXACT = ["mamba2", "qwen3_next", "lfm2", "falcon_h1"]
-DRAFT_ONLY = ["mamba", "falcon_mamba", "jamba"]
+EXACT = ["mamba2", "qwen3_next", "lfm2", "falcon_h1", "mamba", "falcon_mamba", "jamba"]
+# Mamba-1 mixers: exact only because flashspec gives their scan the cached state (_mamba1).
+STEPWISE = ["mamba", "falcon_mamba", "jamba"]
 VOCAB = 58  # the character tokenizer's
 MAX_NEW = 24
 PROMPTS = ["def quicksort(arr):", "abcabcabc", "x"]
@@ -37,17 +38,21 @@ def tokenizer() -> Any:
     return build_char_tokenizer()
 
 
-@cache
-def target_of(family: str) -> Any:
-    model = build(family, 4, seed=0, vocab=VOCAB)
+def condition(model: Any) -> Any:
+    """Slow state decay (the state carries far back) and sharper logits (greedy ties rare)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("A_log"):
-                param.fill_(-3.0)  # slow state decay: the state carries far back
+                param.fill_(-3.0)
             elif param.dim() >= 2:
-                param.mul_(3.0)  # sharper logits: greedy ties become rare
+                param.mul_(3.0)
     model.generation_config.eos_token_id = None
     return model
+
+
+@cache
+def target_of(family: str) -> Any:
+    return condition(build(family, 4, seed=0, vocab=VOCAB))
 
 
 @cache
@@ -169,7 +174,7 @@ def test_env_var_sets_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
         TargetModel(model=target_of("lfm2"))
 
 
-@pytest.mark.parametrize("family", EXACT + DRAFT_ONLY)
+@pytest.mark.parametrize("family", EXACT)
 def test_stateful_drafter_state_follows_commits(family: str) -> None:
     """After rounds that accept a random number of drafts and add a token of their own, each
     new draft is the drafter model's own argmax over the whole sequence (no cache)."""
@@ -192,7 +197,7 @@ def test_stateful_drafter_state_follows_commits(family: str) -> None:
         drafter.commit(tokens.shape[1] - 1)
 
 
-@pytest.mark.parametrize("family", DRAFT_ONLY)
+@pytest.mark.parametrize("family", STEPWISE)
 def test_mamba_mixers_draft_for_an_attention_target(family: str) -> None:
     target = build_llama(0, init_range=0.3)
     draft = build(family, 2, seed=0, vocab=VOCAB)
@@ -208,14 +213,42 @@ def test_mamba_mixers_draft_for_an_attention_target(family: str) -> None:
     assert result.tokens[0] == ref[0, ids.shape[1] :].tolist()[: len(result.tokens[0])]
 
 
-@pytest.mark.parametrize("family", DRAFT_ONLY)
-def test_mamba_mixer_targets_are_refused(family: str) -> None:
-    model = build(family, 2, seed=0, vocab=VOCAB)
+@pytest.mark.parametrize("family", STEPWISE)
+def test_mamba_mixers_are_made_exact_on_flashspec_caches_only(family: str) -> None:
+    """transformers' Mamba-1 mixers restart the scan from zero on a multi-token input after a
+    cached state (so a verify forward would be wrong); the patched mixers start the scan from
+    the cached state on caches flashspec made, and leave every other cache as shipped."""
+    from transformers import DynamicCache
+
+    model = condition(build(family, 2, seed=0, vocab=VOCAB))
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def chunked(cache_: Any) -> torch.Tensor:
+        with torch.inference_mode():
+            model(input_ids=ids[:, :7], cache=cache_, use_cache=True)
+            logits: torch.Tensor = model(input_ids=ids[:, 7:], cache=cache_, use_cache=True).logits
+        return logits
+
+    with torch.inference_mode():
+        full = model(input_ids=ids).logits[:, 7:]
+    shipped = (chunked(DynamicCache(config=model.config)) - full).abs().max()
+    assert shipped > 1e-5  # the reason for the patch (if this fails, transformers fixed it)
+    TargetModel(model=model)  # patches the mixers
+    patched = chunked(new_cache(model))
+    assert (patched - full).abs().max() < 1e-5
+    unchanged = (chunked(DynamicCache(config=model.config)) - full).abs().max()
+    assert torch.equal(unchanged, shipped)
+
+
+def test_mamba_mixers_not_found_are_refused_as_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("flashspec._mamba1.MIXERS", frozenset())
+    model = build("mamba", 2, seed=0, vocab=VOCAB)
     with pytest.raises(state.UnsupportedModelError) as info:
         TargetModel(model=model)
     message = str(info.value)
-    assert type(model).__name__ in message and "cannot be a target" in message
-    assert "restarts its scan" in message and "drafter" in message
+    assert "MambaForCausalLM cannot be a target" in message and "restarts its scan" in message
+    drafter = ModelDrafter(model)  # still a drafter: fed one token at a time after a state
+    assert not drafter.lm.support.chunked_exact
 
 
 @pytest.mark.parametrize("role", ["target", "drafter"])
