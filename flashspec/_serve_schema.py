@@ -11,15 +11,27 @@ input can produce a 500. Fields are checked strictly (no "5" for 5, no true for 
   400 naming the field, unless they carry their neutral value (``n: 1``, ``echo: false``);
 - harmless fields (``user``, ``metadata``, ``store``, ``service_tier``,
   ``parallel_tool_calls``) are accepted and ignored.
+
+Bodies must be UTF-8 JSON objects: invalid UTF-8 (CESU-8 included), nesting deeper than the
+parser goes, and lone UTF-16 surrogates in any string are refused with a 400 too.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
 from pydantic import ValidationError as PydanticValidationError
 
 MAX_SEED = 2**63 - 1
@@ -128,7 +140,10 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Any = None
-    name: str | None = None
+    name: StrictStr | None = None
+    # A tool message answers an assistant's tool call; the id travels to the chat template
+    # (templates of tool-using models read it), the fallback format shows only the content.
+    tool_call_id: StrictStr | None = None
 
 
 class ChatRequest(_Request):
@@ -208,9 +223,23 @@ def parse_body(raw: bytes, model: type[_Request]) -> Any:
         ApiError: 400 for malformed JSON, a non-object body, or any invalid field.
     """
     try:
-        data = json.loads(raw, parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise invalid("the request body is not UTF-8 text; send JSON in UTF-8") from None
+        # Strict UTF-8: json.loads(bytes) would decode with "surrogatepass", letting CESU-8
+        # (UTF-8-encoded surrogates) through as lone surrogates.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(
+            f"the request body is not UTF-8 text (invalid byte at offset {exc.start}); "
+            "send JSON encoded in UTF-8",
+            code="invalid_json",
+        ) from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise invalid(
+            "the request body nests arrays or objects too deeply for this server to parse; "
+            "no field of the API nests more than a few levels, so flatten it",
+            code="invalid_json",
+        ) from None
     except ValueError as exc:
         raise invalid(
             f"the request body is not valid JSON ({exc}); send a JSON object with "
@@ -222,12 +251,84 @@ def parse_body(raw: bytes, model: type[_Request]) -> Any:
             f"the request body must be a JSON object, got a JSON {_json_kind(data)}",
             code="invalid_json",
         )
+    # "\ud800" escapes are valid JSON but not Unicode text: no tokenizer (nor UTF-8 encoder
+    # of a response echoing them) accepts a lone surrogate. Only escapes can produce one once
+    # the bytes decoded strictly, so bodies without a surrogate escape skip the walk.
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(data)
     try:
         request = model.model_validate(data)
     except PydanticValidationError as exc:
         raise validation_error(exc) from None
     check_unsupported(request)
     return request
+
+
+# A \u escape of a UTF-16 surrogate (D800-DFFF), paired or not; the walk tells them apart.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_unicode(data: object) -> None:
+    """Refuse a parsed body holding a lone surrogate in any string, field names included.
+
+    Depth first in document order, with a stack of iterators: no recursion (bodies can nest
+    deeply) and memory in the depth, not the size, of the body.
+
+    Raises:
+        ApiError: 400 naming the first field (dotted, as in other errors) that holds one.
+    """
+    if not isinstance(data, dict | list):
+        return
+    stack: list[tuple[tuple[str, ...], Iterator[tuple[str, object]]]] = [((), _children(data, ()))]
+    while stack:
+        path, children = stack[-1]
+        for key, item in children:
+            if isinstance(item, str):
+                at = _lone_surrogate(item)
+                if at is not None:
+                    raise _surrogate_error((*path, key), f"at character {at} of its text", item[at])
+            elif isinstance(item, dict | list):
+                inner = (*path, key)
+                stack.append((inner, _children(item, inner)))
+                break
+        else:
+            stack.pop()
+
+
+def _children(
+    value: dict[str, object] | list[object], path: tuple[str, ...]
+) -> Iterator[tuple[str, object]]:
+    """(name, item) of an object's fields (their names checked) or an array's items."""
+    if isinstance(value, list):
+        yield from ((str(i), item) for i, item in enumerate(value))
+        return
+    for key, item in value.items():
+        at = _lone_surrogate(key)
+        if at is not None:
+            # The name cannot be quoted (nor sent back as param): name its parent.
+            raise _surrogate_error(path, "in the name of one of its fields", key[at])
+        yield key, item
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Index of the first lone surrogate in ``text`` (None: valid Unicode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return int(exc.start)
+    return None
+
+
+def _surrogate_error(path: tuple[str, ...], where: str, char: str) -> ApiError:
+    param = ".".join(path) if path else None
+    subject = param if param is not None else "the request body"
+    return invalid(
+        f"{subject}: a lone UTF-16 surrogate (U+{ord(char):04X}) {where}, which is not "
+        "Unicode text; encode characters outside the BMP as a surrogate pair "
+        '("\\ud83d\\ude00") or as plain UTF-8',
+        param=param,
+        code="invalid_unicode",
+    )
 
 
 def _refuse_constant(name: str) -> Any:
@@ -250,17 +351,24 @@ def _json_kind(value: object) -> str:
 def validation_error(exc: PydanticValidationError) -> ApiError:
     """The first error of a pydantic ValidationError as a 400 naming the field."""
     error = exc.errors()[0]
-    param = ".".join(str(part) for part in error["loc"]) or None
+    # A field may be named "" ({"": 1}): still a field, so its param is "", not None.
+    param = ".".join(str(part) for part in error["loc"]) if error["loc"] else None
     kind = error["type"]
     if kind == "extra_forbidden":
-        message = f"unrecognized request field {param!r}; remove it (see the README for the "
-        message += "fields this server supports)"
+        message = f"unrecognized request field {_shorten(param)}; remove it (see the README "
+        message += "for the fields this server supports)"
         return invalid(message, param=param, code="unknown_parameter")
     if kind == "missing":
         return invalid(f"{param} is required", param=param, code="missing_required_parameter")
     text = str(error["msg"])
     text = text[:1].lower() + text[1:]
     return invalid(f"{param}: {text}" if param else text, param=param)
+
+
+def _shorten(name: str | None, limit: int = 80) -> str:
+    """``repr(name)``, cut to ``limit`` characters: user text quoted in an error message."""
+    text = repr(name)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def prompt_items(value: object) -> list[str | list[int]]:
@@ -307,10 +415,21 @@ def stop_strings(value: object) -> tuple[str, ...]:
     ):
         raise invalid(
             f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
-            f"non-empty strings, got {json.dumps(value)[:200]}",
+            f"non-empty strings, got {_describe(value)}",
             param="stop",
         )
     return tuple(dict.fromkeys(items))
+
+
+def _describe(value: object) -> str:
+    """A short description of a JSON value for an error message (never the value itself,
+    which may be huge or nest deeply)."""
+    if isinstance(value, list):
+        kinds = sorted({_json_kind(item) for item in value})
+        return f"an array of {len(value)} items ({', '.join(kinds) or 'empty'})"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    return f"a JSON {'object' if isinstance(value, dict) else _json_kind(value)}"
 
 
 def message_text(message: ChatMessage, index: int) -> str:

@@ -14,6 +14,7 @@ functions stay on the device; the engine reads the result once.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -63,10 +64,15 @@ class Warper:
         return self.temperature == 0
 
     def logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Warped float32 logits; filtered tokens get -inf. Temperature 0 is treated as 1."""
+        """Warped float32 logits; filtered tokens get -inf. Temperature 0 is treated as 1.
+
+        Any temperature > 0 works, down to the smallest float: as it tends to 0 the
+        distribution tends to the argmax (ties share the mass evenly), and that is what a tiny
+        temperature gives, not NaN.
+        """
         x = logits.float()
         if self.temperature not in (0.0, 1.0):
-            x = x / self.temperature
+            x = _divide_by_temperature(x, self.temperature)
         vocab = x.shape[-1]
         if 0 < self.top_k < vocab:
             x = x.masked_fill(x < _kth_largest(x, self.top_k), float("-inf"))
@@ -84,6 +90,40 @@ class Warper:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped float32 probabilities over the last dimension."""
         return self.logits(logits).softmax(dim=-1)
+
+
+# The smallest positive normal float32: a temperature below it has no float32 value (it would
+# round to a subnormal or to 0, and x / 0 is NaN at the row's maximum).
+_F32_TINY = float(torch.finfo(torch.float32).tiny)
+_F32_MAX_EXPONENT = 127  # 2.0 ** 127 is a float32; 2.0 ** 128 is not
+
+
+def _divide_by_temperature(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``x / temperature`` up to a per-row shift (which softmax ignores), never NaN.
+
+    Below temperature 1, ``x / T`` can overflow to inf and softmax then gives NaN (inf - inf).
+    Subtracting each row's maximum first makes every value <= 0: the maximum becomes exactly
+    0 and stays 0, the rest are negative and may only overflow to -inf, where their
+    probability is 0 anyway. Temperatures of 1 or more cannot overflow and keep the plain
+    division (the result HF's TemperatureLogitsWarper gives, rounding for rounding).
+    """
+    if temperature >= 1.0:
+        return x / temperature
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    if temperature >= _F32_TINY:
+        return shifted / temperature
+    # T = m * 2**e with 0.5 <= m < 1: divide by m (a normal float32), then scale by 2**-e in
+    # float32-sized power-of-two steps. Each step is exact or overflows to -inf (the limit),
+    # so the only rounding is that of the division by m, as in a float32 division by a
+    # normal T; float64, which would hold T, is not available on every accelerator.
+    mantissa, exponent = math.frexp(temperature)
+    shifted = shifted / mantissa
+    remaining = -exponent
+    while remaining > 0:
+        step = min(remaining, _F32_MAX_EXPONENT)
+        shifted = shifted * 2.0**step
+        remaining -= step
+    return shifted
 
 
 # torch.sort and torch.topk cost 0.5-1 ms for one 8k-vocabulary row on a small CPU, more than a

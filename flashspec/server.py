@@ -11,12 +11,18 @@ batches of up to ``max_batch`` rows. Batching is static: requests that arrive wh
 runs wait for the next batch; rows that finish (or whose client left) leave the running batch.
 The queue holds ``max_queue`` jobs; beyond that a request is answered 503 with Retry-After.
 
+Reading and preparing a request is bounded too (docs/server.md lists every limit): headers
+within ``header_timeout_s`` (``flashspec._serve_http``), the body within ``body_timeout_s``
+and ``max_body_bytes``; parsing and tokenizing run on a thread of their own, off the event
+loop, after a character count has refused any text too long to fit in the context.
+
 Needs the ``[serve]`` extra: ``pip install 'flashspec[serve]'``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -37,6 +43,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise ImportError(
@@ -44,6 +51,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         "install them with: pip install 'flashspec[serve]'"
     ) from exc
 
+from ._serve_http import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, guarded_protocol
 from ._serve_metrics import Metrics, server_metrics
 from ._serve_schema import (
     ApiError,
@@ -65,6 +73,11 @@ logger = logging.getLogger("flashspec.server")
 
 API_KEY_ENV = "FLASHSPEC_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# From the end of the headers to the end of the body: 4 MiB at 140 kB/s.
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# Tokenizers that normalize text (NFKC, lower-casing, whitespace rules) may shrink it; the
+# character limit for their prompts allows for that.
+NORMALIZED_TEXT_SLACK = 4
 # OpenAI's default for /v1/completions; chat defaults to the rest of the context.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 # The chat default when the target declares no context limit.
@@ -116,6 +129,27 @@ class StopTrimmer:
             if any(s.startswith(tail) and len(s) > size for s in self.stops):
                 return size
         return 0
+
+
+def prompt_char_limit(tokenizer: Any, max_context: int | None) -> int | None:
+    """The most characters a text can have and still fit in ``max_context`` tokens.
+
+    A token stands for at most as many characters as its vocabulary string has (byte-level
+    BPE: one per byte; SentencePiece: "▁" for a space; added tokens: their text). So a text
+    of ``max_context * longest`` characters has at least ``max_context`` tokens and cannot
+    fit, as long as the tokenizer keeps every character. One that normalizes text may shrink
+    it first, hence ``NORMALIZED_TEXT_SLACK`` for those. None: no context limit, no bound.
+    """
+    if max_context is None:
+        return None
+    try:
+        longest = max((len(str(token)) for token in tokenizer.get_vocab()), default=1)
+    except Exception:  # a tokenizer without a vocabulary to read: bound by the body only
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    keeps_every_char = backend is not None and getattr(backend, "normalizer", None) is None
+    slack = 1 if keeps_every_char else NORMALIZED_TEXT_SLACK
+    return max_context * max(longest, 1) * slack - 1
 
 
 @dataclass
@@ -191,6 +225,7 @@ class _Service:
         timeout_s: float,
         api_key: str | None,
         max_body_bytes: int,
+        body_timeout_s: float,
         metrics: Metrics,
     ) -> None:
         if engine.tokenizer is None:
@@ -200,15 +235,25 @@ class _Service:
             )
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if not body_timeout_s > 0:
+            raise ValueError(f"body_timeout_s must be > 0 seconds, got {body_timeout_s!r}")
         self.engine = engine
         self.tokenizer: Any = engine.tokenizer
         self.model_name = model_name
         self.timeout_s = timeout_s
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics
         self.max_context: int | None = engine.target.max_context
         self.vocab_size: int = engine.target.vocab_size
+        self.max_prompt_chars = prompt_char_limit(self.tokenizer, self.max_context)
+        # One thread parses and tokenizes every request, so big bodies never stall the event
+        # loop (HF tokenizers release the GIL while encoding) and no two requests encode at
+        # once.
+        self.preparer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="flashspec-prepare"
+        )
         self.created = int(time.time())
         self.worker = EngineWorker(
             engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics
@@ -236,7 +281,15 @@ class _Service:
         )
 
     async def read_body(self, request: Request) -> bytes:
-        """The request body, refusing (413) more than ``max_body_bytes``."""
+        """The request body, refusing more than ``max_body_bytes`` (413) or a body that takes
+        longer than ``body_timeout_s`` to arrive (408).
+
+        Raises:
+            ApiError: 413, or 408 with ``Connection: close`` (nothing more will be read). After
+                a 413 the connection reads and drops the rest of the body, for as long as the
+                next request's header deadline allows, so that the client sees the answer.
+            ClientDisconnect: the client left before sending the whole body.
+        """
         limit = self.max_body_bytes
         too_large = ApiError(
             413,
@@ -246,14 +299,45 @@ class _Service:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise too_large
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
         size = 0
         chunks: list[bytes] = []
-        async for chunk in request.stream():
+        while True:
+            try:
+                # The raw ASGI receive: Request.stream() has no deadline.
+                message = await asyncio.wait_for(request.receive(), deadline - loop.time())
+            except TimeoutError:
+                raise ApiError(
+                    408,
+                    f"the request body did not arrive within {self.body_timeout_s:g} s of its "
+                    f"headers ({size} bytes came); send the whole body at once",
+                    type="timeout_error",
+                    code="body_timeout",
+                    headers={"Connection": "close"},
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise too_large
             chunks.append(chunk)
-        return b"".join(chunks)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def prepare(self, raw: bytes, kind: type[CompletionRequest | ChatRequest]) -> _Prepared:
+        """Parse, check and tokenize a request body on the preparing thread."""
+        loop = asyncio.get_running_loop()
+        if kind is ChatRequest:
+            return await loop.run_in_executor(self.preparer, self._prepare_chat_body, raw)
+        return await loop.run_in_executor(self.preparer, self._prepare_completion_body, raw)
+
+    def _prepare_completion_body(self, raw: bytes) -> _Prepared:
+        return self.prepare_completion(parse_body(raw, CompletionRequest))
+
+    def _prepare_chat_body(self, raw: bytes) -> _Prepared:
+        return self.prepare_chat(parse_body(raw, ChatRequest))
 
     def check_model(self, model: str | None) -> None:
         """404 for a model this server does not serve (absent: the served one)."""
@@ -269,6 +353,20 @@ class _Service:
     def encode(self, text: str, *, special: bool) -> list[int]:
         """Token ids of ``text`` (as the engine encodes prompts when ``special``)."""
         return [int(t) for t in self.tokenizer(text, add_special_tokens=special)["input_ids"]]
+
+    def check_chars(self, length: int, param: str) -> None:
+        """400 for text too long to fit in the context, refused before tokenizing it."""
+        limit = self.max_prompt_chars
+        if limit is None or length <= limit:
+            return
+        subject = "prompt" if param == "prompt" else "conversation (messages' content)"
+        raise invalid(
+            f"the {subject} has {length} characters; no text of more than {limit} characters "
+            f"fits in this model's context of {self.max_context} tokens, so it is refused "
+            f"before tokenizing; shorten the {param}",
+            param=param,
+            code="context_length_exceeded",
+        )
 
     def check_ids(self, ids: list[int], param: str) -> None:
         """400 for token ids outside the target's vocabulary."""
@@ -342,20 +440,23 @@ class _Service:
         """Prompts, limits and sampling of a /v1/completions request."""
         self.check_model(request.model)
         stops = stop_strings(request.stop)
-        prompts: list[list[int]] = []
-        for item in prompt_items(request.prompt):
-            if isinstance(item, str):
-                ids = self.encode(item, special=True)
-            else:
-                self.check_ids(item, "prompt")
-                ids = item
-            prompts.append(ids)
-        if len(prompts) > self.worker.max_queue:
+        items = prompt_items(request.prompt)
+        if len(items) > self.worker.max_queue:
             raise invalid(
-                f"prompt holds {len(prompts)} prompts but this server queues at most "
+                f"prompt holds {len(items)} prompts but this server queues at most "
                 f"{self.worker.max_queue}; send fewer per request",
                 param="prompt",
             )
+        # Every check that needs no tokenizer first: a request refused anyway costs no
+        # tokenizing.
+        for item in items:
+            if isinstance(item, str):
+                self.check_chars(len(item), "prompt")
+            else:
+                self.check_ids(item, "prompt")
+        prompts = [
+            self.encode(item, special=True) if isinstance(item, str) else item for item in items
+        ]
         max_tokens = [
             self.max_tokens_for(
                 len(ids), request.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, "prompt"
@@ -378,9 +479,13 @@ class _Service:
         """The chat prompt (chat template or the fallback format), limits and sampling."""
         self.check_model(request.model)
         stops = stop_strings(request.stop)
-        conversation = [
-            {"role": m.role, "content": message_text(m, i)} for i, m in enumerate(request.messages)
-        ]
+        conversation: list[dict[str, str]] = []
+        for i, m in enumerate(request.messages):
+            turn = {"role": m.role, "content": message_text(m, i)}
+            if m.tool_call_id is not None:
+                turn["tool_call_id"] = m.tool_call_id
+            conversation.append(turn)
+        self.check_chars(sum(len(turn["content"]) for turn in conversation), "messages")
         if getattr(self.tokenizer, "chat_template", None):
             try:
                 text = self.tokenizer.apply_chat_template(
@@ -653,6 +758,7 @@ def create_app(
     timeout_s: float = 60.0,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     metrics: Metrics | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` under OpenAI's API.
@@ -665,6 +771,8 @@ def create_app(
         timeout_s: per-request limit, arrival to last token, queueing included (504 after).
         api_key: when set, every endpoint but ``/health`` needs ``Authorization: Bearer KEY``.
         max_body_bytes: larger request bodies are answered 413.
+        body_timeout_s: a body that has not fully arrived this long after its headers is
+            answered 408 (the headers' own limit is uvicorn's side: see ``serve``).
         metrics: where to count (default: a fresh ``server_metrics()``).
 
     The worker thread starts and stops with the app's lifespan (uvicorn runs it).
@@ -677,6 +785,7 @@ def create_app(
         timeout_s=timeout_s,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout_s,
         metrics=metrics or server_metrics(),
     )
 
@@ -686,6 +795,7 @@ def create_app(
         try:
             yield
         finally:
+            service.preparer.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(service.worker.stop)
 
     app = FastAPI(
@@ -737,8 +847,7 @@ def create_app(
     async def completions(request: Request) -> Response:
         arrived = time.perf_counter()
         service.authorize(request)
-        body = parse_body(await service.read_body(request), CompletionRequest)
-        prepared = service.prepare_completion(body)
+        prepared = await service.prepare(await service.read_body(request), CompletionRequest)
         ident = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 
@@ -779,8 +888,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         arrived = time.perf_counter()
         service.authorize(request)
-        body = parse_body(await service.read_body(request), ChatRequest)
-        prepared = service.prepare_chat(body)
+        prepared = await service.prepare(await service.read_body(request), ChatRequest)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 
@@ -840,13 +948,19 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: ApiError) -> Response:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, exc: ClientDisconnect) -> Response:
+        # The client left mid-body: nobody reads this; 499 (not a 5xx) is what /metrics counts.
+        return Response(status_code=499)
+
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         first = errors[0] if errors else {}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) if loc else None
         message = str(first.get("msg", "invalid request"))
-        error = invalid(f"{param}: {message}" if param else message, param=param)
+        error = invalid(f"{param}: {message}" if param is not None else message, param=param)
         return JSONResponse(error.body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -922,11 +1036,13 @@ def serve(
     timeout_s: float = 60.0,
     api_key: str | None = None,
     log_level: str = "info",
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
 ) -> None:
     """Serve ``engine`` until interrupted (see ``create_app`` for the settings).
 
     Listens on ``sock`` if given (see ``bind``), else on ``host:port``. ``api_key`` None
-    falls back to ``$FLASHSPEC_API_KEY``.
+    falls back to ``$FLASHSPEC_API_KEY``. A connection's request headers must arrive within
+    ``header_timeout_s`` (408 otherwise; see ``uvicorn_config``).
     """
     app = create_app(
         engine,
@@ -937,11 +1053,38 @@ def serve(
         api_key=resolve_api_key(api_key),
     )
     listener = sock if sock is not None else bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn_config(app, log_level=log_level, header_timeout_s=header_timeout_s)
+    )
     try:
         server.run(sockets=[listener])
     finally:
         listener.close()
+
+
+KEEP_ALIVE_TIMEOUT_S = 5  # uvicorn's default: an idle keep-alive connection closes after it
+
+
+def uvicorn_config(
+    app: ASGIApp,
+    *,
+    log_level: str = "info",
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+) -> uvicorn.Config:
+    """uvicorn's settings for the app: h11 with a header deadline, no WebSocket upgrades.
+
+    The HTTP protocol is always ``flashspec._serve_http``'s (h11), even where httptools is
+    installed, so the limits hold whatever uvicorn would pick.
+    """
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        lifespan="on",
+        http=guarded_protocol(header_timeout_s, max_header_bytes),
+        ws="none",
+        timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+    )
 
 
 class ServerThread:
@@ -951,11 +1094,18 @@ class ServerThread:
     Use as a context manager, or ``start()``/``stop()``.
     """
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    ) -> None:
         self._socket = bind(host, port)
         self.host = host
         self.port: int = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        config = uvicorn_config(app, log_level="warning", header_timeout_s=header_timeout_s)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run,

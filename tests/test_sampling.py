@@ -182,3 +182,63 @@ def test_numpy_views_share_memory() -> None:
     # The native path hands torch CPU tensors to the kernel as NumPy views: no copies.
     t = torch.zeros(8)
     assert np.shares_memory(t.numpy(), t.contiguous().numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# Temperatures near 0: the limit is the argmax, never NaN
+
+
+def _logits_with_ties_and_extremes() -> torch.Tensor:
+    logits = torch.randn((4, 3, 50), generator=torch.Generator().manual_seed(3)) * 4
+    logits[1] -= 1000.0  # all negative: x / T is -inf everywhere without care
+    logits[2] += 1000.0  # all positive: x / T is +inf everywhere without care
+    logits[3, :, 7] = logits[3, :, 9] = logits[3].amax(-1) + 1.0  # a tie at the top
+    return logits
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-40, 1e-300, 5e-324])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (5, 0.9)])
+def test_tiny_temperature_puts_the_mass_on_the_argmax(
+    temperature: float, top_k: int, top_p: float
+) -> None:
+    logits = _logits_with_ties_and_extremes()
+    probs = Warper(temperature, top_k, top_p).probs(logits)
+    assert torch.isfinite(probs).all()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
+    top = logits == logits.amax(-1, keepdim=True)
+    # Ties split the mass evenly: the limit of softmax(x / T) as T -> 0.
+    expected = top.float() / top.sum(-1, keepdim=True)
+    torch.testing.assert_close(probs, expected)
+
+
+def test_small_temperature_keeps_the_softmax_it_tends_to() -> None:
+    # Logits differ by less than T: at T = 1e-38 the distribution is far from one-hot, and
+    # the shift and the power-of-two scaling must keep that exactly as float64 math does.
+    base = torch.tensor([[0.0, -1e-38, -3e-38, -1.0]])
+    for temperature in (2e-38, 1e-39):
+        want = torch.softmax(base.double() / temperature, -1).float()
+        got = Warper(temperature).probs(base)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_engine_at_a_tiny_temperature_gives_the_greedy_output() -> None:
+    from conftest import build_char_tokenizer, build_llama, perturbed_copy
+
+    from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
+    from flashspec.drafters import ModelDrafter
+
+    target = build_llama(0, init_range=0.3)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        [ModelDrafter(perturbed_copy(target, 0.02, seed=1), name="draft")],
+        TargetModel("tiny", model=target, tokenizer=build_char_tokenizer()),
+    )
+    prompts = ["def quicksort(arr):", "x = 1", "hello"]
+    greedy = engine.generate(prompts, max_new_tokens=24)
+    for temperature in (1e-38, 1e-300):
+        # Sampled (rejection rule, draft and target warped), and still the argmax each time.
+        sampled = engine.generate(
+            prompts, max_new_tokens=24, sampling=SamplingConfig(gamma=3, temperature=temperature)
+        )
+        assert sampled.tokens == greedy.tokens, temperature
+        assert sampled.stats.accepted > 0

@@ -31,6 +31,8 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 
 import openai
+import server_helpers
+from server_helpers import assert_error, request, wait_for
 
 from flashspec import SpeculativeEngine
 from flashspec.server import FALLBACK_CHAT_STOP, ServerThread, StopTrimmer, create_app
@@ -106,79 +108,14 @@ def small() -> Iterator[ServerThread]:
 # ------------------------------------------------------------------------------------ helpers
 
 
-def request(
-    server: ServerThread,
-    method: str,
-    path: str,
-    body: bytes | dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], Any]:
-    """One HTTP request; returns (status, lower-cased headers, JSON body or text)."""
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    try:
-        connection.request(
-            method,
-            path,
-            body=data,
-            headers={"Content-Type": "application/json", **(headers or {})},
-        )
-        response = connection.getresponse()
-        raw = response.read().decode()
-        got = {k.lower(): v for k, v in response.getheaders()}
-    finally:
-        connection.close()
-    try:
-        return response.status, got, json.loads(raw)
-    except ValueError:
-        return response.status, got, raw
-
-
 def open_stream(server: ServerThread, body: dict[str, Any]) -> tuple[Any, Any]:
-    """Start a streaming completion; returns (connection, response) with headers read."""
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
-    connection.request(
-        "POST",
-        "/v1/completions",
-        body=json.dumps({**body, "stream": True}).encode(),
-        headers={"Content-Type": "application/json", **AUTH},
-    )
-    return connection, connection.getresponse()
+    """Start a streaming completion with the API key; returns (connection, response)."""
+    return server_helpers.open_stream(server, body, AUTH)
 
 
 def metric(server: ServerThread, name: str, **labels: str) -> float:
     """A counter or gauge from /metrics (0 when absent)."""
-    status, _, text = request(server, "GET", "/metrics", headers=AUTH)
-    assert status == 200
-    want = (
-        name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-        if labels
-        else name
-    )
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
-def assert_error(body: Any, status: int, param: str | None = None) -> dict[str, Any]:
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"], error
-    if param is not None:
-        assert error["param"] == param, error
-        assert param.split(".")[0] in error["message"], error
-    return dict(error)
+    return server_helpers.metric(server, name, AUTH, **labels)
 
 
 # ------------------------------------------------------------------------------------ openai
