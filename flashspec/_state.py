@@ -77,11 +77,9 @@ def _linear_mixin() -> type[Any] | None:
 
 
 def _supported_list() -> str:
-    exact = sorted(name for name, ok in _CHUNKED_EXACT.items() if ok)
-    draft_only = sorted(name for name, ok in _CHUNKED_EXACT.items() if not ok)
     return (
-        f"attention-only models, and with recurrent state {', '.join(exact)} "
-        f"(as target or drafter) and {', '.join(draft_only)} (as drafter)"
+        "attention-only models, and with recurrent state the families "
+        f"{', '.join(sorted(_CHUNKED_EXACT))}"
     )
 
 
@@ -92,14 +90,15 @@ def check_support(model: torch.nn.Module, cache: Any, role: str) -> CacheSupport
         UnsupportedModelError: naming the model class, the layer kind and what is supported.
     """
     name = type(model).__name__
-    for module in model.modules():
-        # RecurrentGemma keeps its recurrent state in the modules, outside any cache object.
-        if hasattr(module, "_setup_cache"):
-            raise UnsupportedModelError(
-                f"{name} cannot be a {role}: its {type(module).__name__} layers keep their "
-                "recurrent state inside the model, where flashspec cannot snapshot or roll it "
-                f"back, so a rejected draft would stay in it. Supported: {_supported_list()}"
-            )
+    # RecurrentGemma keeps its recurrent state in the modules, outside any cache object.
+    holders = [m for m in model.modules() if m is not model and hasattr(m, "_setup_cache")]
+    if holders or hasattr(model, "_setup_cache"):
+        holder = type(holders[-1] if holders else model).__name__
+        raise UnsupportedModelError(
+            f"{name} cannot be a {role}: its {holder} layers keep their recurrent state "
+            "inside the model, where flashspec cannot snapshot or roll it back, so a rejected "
+            f"draft would stay in it. Supported: {_supported_list()}"
+        )
     layers = list(getattr(cache, "layers", ()))
     mixin = _linear_mixin()
     stateful = [layer for layer in layers if mixin is not None and isinstance(layer, mixin)]
