@@ -96,6 +96,7 @@ class Padding:
         # Read once per batch layout: rounds size themselves per row from these on the host.
         self.lefts: list[int] = [int(v) for v in left.tolist()]
         self.max_left = max(self.lefts, default=0)
+        self.min_left = min(self.lefts, default=0)
         # Without padding the models can take their faster unmasked causal path.
         self.any = self.max_left > 0
 
@@ -251,7 +252,8 @@ class CausalLM:
         kwargs: dict[str, Any] = {self.signature.cache_arg: self.cache, "use_cache": True}
         if self.signature.position_ids:
             positions = padding.position_ids(start, length)
-            if self.max_context is not None and start + length - padding.max_left > 0:
+            longest = start + length - padding.min_left  # the longest row's positions
+            if self.max_context is not None and longest > self.max_context:
                 # A row nearer its context limit than the row the round is sized for gets
                 # columns past the limit; they are never emitted for it (the engine cuts each
                 # row at its own limit), and clamped they index no missing position embedding.

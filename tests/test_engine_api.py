@@ -436,10 +436,10 @@ def test_each_row_has_its_own_context_limit(arch: str) -> None:
         [ModelDrafter(perturbed_copy(model, 0.02, seed=1))],
         TargetModel(model=model),
     )
-    long_row, short_row = [7] * 44, [5, 9, 11, 13]
+    long_row, short_row = [7] * 46, [5, 9, 11, 13]
     single_short = engine.generate([short_row], max_new_tokens=16, ignore_eos=True)
     single_long = engine.generate([long_row], max_new_tokens=16, ignore_eos=True)
     batch = engine.generate([long_row, short_row], max_new_tokens=16, ignore_eos=True)
     assert batch.finish_reasons == ["context_limit", "length"]
     assert batch.tokens[1] == single_short.tokens[0] and len(batch.tokens[1]) == 16
-    assert batch.tokens[0] == single_long.tokens[0] and len(batch.tokens[0]) == 48 - 44
+    assert batch.tokens[0] == single_long.tokens[0] and len(batch.tokens[0]) == 48 - 46
