@@ -43,13 +43,13 @@ from typing import Any
 import torch
 
 from . import bench
+from ._greedy import compare_greedy
 from .bench import progress
 from .config import FlashSpecConfig, SamplingConfig
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .engine import SpeculativeEngine
 from .models import CausalLM, Padding, TargetModel, load_pretrained, resolve_model_path
 
-TIE = 1e-4  # top-2 logit gap below which a greedy difference is a floating-point tie
 TEMPERATURE = 0.8
 TOP_P = 0.95
 HF_LOOKUP_TOKENS = 10
@@ -322,21 +322,10 @@ class Runner:
 
 
 def greedy_identity(pair: Pair, ids: list[int], got: list[int], ref: list[int]) -> dict[str, Any]:
-    """Compare a greedy output with the target's own greedy output under the tie rule.
-
-    A difference is a floating-point tie, not an error, iff at the first differing position the
-    target's top two logits (one full forward over prompt + reference prefix) are within 1e-4.
-    """
-    for j, (a, b) in enumerate(zip(got, ref, strict=False)):
-        if a != b:
-            with torch.inference_mode():
-                logits = pair.target(input_ids=torch.tensor([ids + ref[:j]])).logits
-            top = logits[0, -1].float().topk(2).values
-            gap = float(top[0] - top[1])
-            return {"status": "tie" if gap < TIE else "mismatch", "at": j, "gap": gap}
-    if len(got) != len(ref):
-        return {"status": "mismatch", "at": min(len(got), len(ref)), "gap": None}
-    return {"status": "identical", "at": None, "gap": None}
+    """Compare a greedy output with the target's own greedy output under the tie rule
+    (``flashspec._greedy``)."""
+    result = compare_greedy(pair.target, ids, got, ref)
+    return {"status": result.status, "at": result.at, "gap": result.gap}
 
 
 # ------------------------------------------------------------------------------- cost model

@@ -26,8 +26,9 @@ from typing import Literal
 
 __all__ = ["Selector", "ThompsonSelector", "UCB1Selector", "make_selector"]
 
-SelectorKind = Literal["ucb1", "thompson"]
-SELECTOR_KINDS: tuple[SelectorKind, ...] = ("ucb1", "thompson")
+BanditKind = Literal["ucb1", "thompson"]
+"""The bandit selectors (``BanditConfig.selector`` also offers "model", the throughput model)."""
+BANDIT_KINDS: tuple[BanditKind, ...] = ("ucb1", "thompson")
 
 
 def _check_n_arms(owner: str, n_arms: object) -> int:
@@ -330,7 +331,7 @@ class ThompsonSelector(Selector):
 
 
 def make_selector(
-    kind: SelectorKind,
+    kind: BanditKind,
     n_arms: int,
     *,
     window_size: int | None = None,
@@ -348,9 +349,9 @@ def make_selector(
         seed: Thompson sampling's seed (validated, unused by UCB1, which is deterministic).
         reward_scale: fixed reward scale; None (the default) adapts to rewards such as tokens/s.
     """
-    if kind not in SELECTOR_KINDS:
+    if kind not in BANDIT_KINDS:
         raise ValueError(
-            f"make_selector kind must be one of {', '.join(map(repr, SELECTOR_KINDS))}, "
+            f"make_selector kind must be one of {', '.join(map(repr, BANDIT_KINDS))}, "
             f"got {kind!r}"
         )
     c = _check_nonnegative("make_selector", "exploration", exploration)

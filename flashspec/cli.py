@@ -21,8 +21,6 @@ from typing import Any, NoReturn
 from . import _argtypes
 
 EXIT_USAGE = 2
-# Top-2 logit gap below which a greedy difference is a floating-point tie (see design notes).
-TIE = 1e-4
 
 
 class UserError(Exception):
@@ -106,11 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
     gen.add_argument("--seed", type=_argtypes.integer, default=None, help="seed for sampling")
     gen.add_argument(
-        "--variant",
+        "--method",
+        "--variant",  # the earlier name, kept as an alias
+        dest="method",
         choices=("auto", "rejection", "greedy", "typical"),
         default="auto",
-        help="acceptance rule: auto (greedy at temperature 0, rejection otherwise), "
-        "rejection (lossless sampling), greedy, typical (lossy, faster)",
+        help="acceptance rule (SamplingConfig.method): auto (greedy at temperature 0, "
+        "rejection otherwise), rejection (lossless sampling), greedy, typical (lossy, faster)",
     )
     gen.add_argument(
         "--batch-file",
@@ -258,7 +258,7 @@ def build_engine(args: argparse.Namespace) -> Any:
                 temperature=args.temperature,
                 top_k=args.top_k,
                 top_p=args.top_p,
-                method=args.variant,
+                method=args.method,
                 seed=args.seed,
                 dynamic_gamma=args.dynamic_gamma or (args.adaptive and args.selector != "model"),
                 confidence_threshold=args.confidence,
@@ -320,14 +320,14 @@ def _check_device(device: str) -> None:
 def _flag_message(message: str) -> str:
     """Config errors name dataclass fields; say the flag the user typed instead."""
     for field, flag in (
-        ("SamplingConfig.method", "--variant"),
+        ("SamplingConfig.method", "--method"),
         ("SamplingConfig.top_p", "--top-p"),
         ("SamplingConfig.top_k", "--top-k"),
         ("SamplingConfig.", "--"),
         ("FlashSpecConfig.", "--"),
     ):
         message = message.replace(field, flag)
-    return message.replace("method=", "--variant ").replace("temperature=", "--temperature ")
+    return message.replace("method=", "--method ").replace("temperature=", "--temperature ")
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -409,19 +409,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if args.temperature == 0:
-            ours = list(result.tokens[0])
-            if ours == plain:
+            from ._greedy import compare_greedy
+
+            target = engine.target
+            prompt_ids = target.tokenizer(prompts[0], add_special_tokens=True)["input_ids"]
+            comparison = compare_greedy(
+                target.model, prompt_ids, list(result.tokens[0]), plain, target.max_context
+            )
+            if comparison.status == "identical":
                 print("[compare] greedy outputs identical", file=sys.stderr, flush=True)
             else:
-                at = _first_diff(ours, plain)
-                gap = _top2_gap(engine, prompts[0], plain[:at])
-                # One k-token forward and k one-token forwards may round differently; where
-                # the target's top two logits are that close, either token is its argmax.
-                tie = gap is not None and gap < TIE
+                tie = comparison.status == "tie"
                 print(
-                    f"[compare] greedy outputs DIFFER from token {at}"
+                    f"[compare] greedy outputs DIFFER from token {comparison.at}"
                     + (
-                        f", where the target's top two logits are {gap:.1e} apart "
+                        f", where the target's top two logits are {comparison.gap:.1e} apart "
                         "(a floating-point tie, not an error)"
                         if tie
                         else ""
@@ -448,27 +450,6 @@ def _generation_errors() -> Iterator[None]:
         yield
     except ValueError as exc:
         raise UserError(_first_line(exc)) from None
-
-
-def _top2_gap(engine: Any, prompt: str, prefix: list[int]) -> float | None:
-    """Gap between the target's top two logits after ``prompt`` + ``prefix`` (None if unknown)."""
-    import torch
-
-    target = engine.target
-    ids = target.tokenizer(prompt, add_special_tokens=True)["input_ids"] + prefix
-    if target.max_context is not None and len(ids) >= target.max_context:
-        return None
-    with torch.inference_mode():
-        logits = target.model(input_ids=torch.tensor([ids], device=target.device)).logits
-    top = logits[0, -1].float().topk(2).values
-    return float(top[0] - top[1])
-
-
-def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def _plain_generate(

@@ -196,6 +196,9 @@ class BanditConfig:
             draft nothing): which arm pays differs a lot between the two, and whether there is
             a match is known before the round, from committed tokens only. Needs a
             ``PromptLookupDrafter`` among the drafters. ``"none"``: one set of statistics.
+        n_arms: the earlier library's field: if set, the number of arms the engine must end
+            up with (checked when it is built).
+        strategy: the earlier library's name for ``selector`` (the same values).
     """
 
     selector: SelectorKind = "model"
@@ -205,8 +208,26 @@ class BanditConfig:
     plain: bool = False
     seed: int | None = None
     context: SelectionContext = "none"
+    n_arms: int | None = None
+    strategy: SelectorKind | None = None
 
     def __post_init__(self) -> None:
+        if self.strategy is not None:
+            if self.strategy not in _SELECTORS:
+                raise ValueError(
+                    f"BanditConfig.strategy (the earlier name of selector) must be one of "
+                    f"{_SELECTORS}, got {self.strategy!r}"
+                )
+            if self.selector not in ("model", self.strategy):
+                raise ValueError(
+                    f"BanditConfig.strategy={self.strategy!r} and selector={self.selector!r} "
+                    "disagree; strategy is the earlier name of selector: give one of them"
+                )
+            self.selector = self.strategy
+        if self.n_arms is not None and (not _is_int(self.n_arms) or self.n_arms < 1):
+            raise ValueError(
+                f"BanditConfig.n_arms must be None or an integer >= 1, got {self.n_arms!r}"
+            )
         if self.context not in _CONTEXTS:
             raise ValueError(
                 f"BanditConfig.context must be one of {_CONTEXTS}, got {self.context!r}"
@@ -252,14 +273,33 @@ class FlashSpecConfig:
         bandit: drafter selection settings (used with several drafters).
         device: device for models loaded by name (``"cpu"``, ``"cuda"``, ``"cuda:1"``...).
         dtype: dtype for models loaded by name (``"float32"``, ``"bfloat16"``, ``torch.float16``).
+        target_name, drafter_name: the target and drafter ``SpeculativeEngine.from_pretrained``
+            loads when it is given none (the earlier library's fields).
+        max_new_tokens: the default of ``generate``/``stream`` (128 when None).
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     bandit: BanditConfig = field(default_factory=BanditConfig)
     device: str = "cpu"
     dtype: str | torch.dtype = "float32"
+    target_name: str | None = None
+    drafter_name: str | None = None
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("target_name", "drafter_name"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(
+                    f"FlashSpecConfig.{name} must be None or a model path/hub id, got {value!r}"
+                )
+        if self.max_new_tokens is not None and (
+            not _is_int(self.max_new_tokens) or self.max_new_tokens < 0
+        ):
+            raise ValueError(
+                "FlashSpecConfig.max_new_tokens must be None or an integer >= 0, "
+                f"got {self.max_new_tokens!r}"
+            )
         if not isinstance(self.sampling, SamplingConfig):
             got = type(self.sampling).__name__
             raise TypeError(f"FlashSpecConfig.sampling must be a SamplingConfig, got {got}")

@@ -27,14 +27,15 @@ forward serves the whole batch. Rows that finish leave the batch (their cache ro
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 import torch
 
-from .bandit import Selector, SelectorKind, make_selector
-from .config import FlashSpecConfig, SamplingConfig
+from .bandit import BanditKind, Selector, make_selector
+from .config import BanditConfig, FlashSpecConfig, SamplingConfig
 from .drafters import (
     DraftContext,
     Drafter,
@@ -297,9 +298,9 @@ class SpeculativeEngine:
         selectors: the bandit selectors in use: ``[selector]``, or with
             ``config.bandit.context == "lookup"`` one for rounds without a prompt-lookup match
             and one for rounds with one.
-        model: the ``ThroughputModel`` choosing arms and draft lengths when
+        throughput: the ``ThroughputModel`` choosing arms and draft lengths when
             ``config.bandit.selector == "model"`` (the default) and there is more than one arm
-            and no ``selector`` was passed; else None.
+            and no ``selector`` was passed; else None. (``model`` is its earlier name.)
 
     Raises:
         ValueError: a model drafter with another vocabulary than the target's, or on another
@@ -348,7 +349,7 @@ class SpeculativeEngine:
             arms.append(Arm(None, 0, "plain"))
         model: ThroughputModel | None = None
         # A selector passed in beside the default "model" kind gets UCB1 twins (context).
-        kind: SelectorKind = "ucb1" if bandit.selector == "model" else bandit.selector
+        kind: BanditKind = "ucb1" if bandit.selector == "model" else bandit.selector
         if selector is None and len(arms) > 1 and bandit.selector == "model":
             model = ThroughputModel(
                 [(arm.drafter, arm.gamma) for arm in arms],
@@ -367,6 +368,13 @@ class SpeculativeEngine:
                 exploration=bandit.exploration,
                 seed=bandit.seed,
             )
+        if bandit.n_arms is not None and bandit.n_arms != len(arms):
+            raise ValueError(
+                f"config.bandit.n_arms is {bandit.n_arms} but the engine has {len(arms)} arms: "
+                f"{[arm.label for arm in arms]} (drafters x config.bandit.gammas, + plain); "
+                "drop n_arms or match it"
+            )
+        _warn_ignored(config, model is not None, selector is not None or len(arms) > 1)
         if selector is not None and selector.n_arms != len(arms):
             raise ValueError(
                 f"selector has {selector.n_arms} arms but the engine has {len(arms)}: "
@@ -402,7 +410,7 @@ class SpeculativeEngine:
         self.arms = arms
         self.selectors: list[Selector] = selectors
         self.selector = selector
-        self.model = model
+        self.throughput = model
         sampling = config.sampling
         self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
         self._owner: object | None = None
@@ -431,6 +439,10 @@ class SpeculativeEngine:
         """
         config = config or FlashSpecConfig()
         models = models or {}
+        if target is None and config.target_name is not None:
+            target = config.target_name
+        if drafters is None and config.drafter_name is not None:
+            drafters = [config.drafter_name]
         if isinstance(target, TargetModel):
             target_model = target
         elif isinstance(target, torch.nn.Module):
@@ -454,6 +466,11 @@ class SpeculativeEngine:
         return cls(config, drafter_list, target_model, selector)
 
     @property
+    def model(self) -> ThroughputModel | None:
+        """The earlier name of ``throughput`` (the ``ThroughputModel``, not a neural model)."""
+        return self.throughput
+
+    @property
     def tokenizer(self) -> Any:
         """The target's tokenizer (None if unknown)."""
         return self.target.tokenizer
@@ -463,7 +480,7 @@ class SpeculativeEngine:
     def generate(
         self,
         prompt: Prompt | None = None,
-        max_new_tokens: int | Sequence[int] = 128,
+        max_new_tokens: int | Sequence[int] | None = None,
         *,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -479,7 +496,7 @@ class SpeculativeEngine:
             prompt: a string, a list of strings, token ids (list or (B, L) tensor; a tensor may be
                 given as ``input_ids`` instead).
             max_new_tokens: new tokens per row at most (>= 0); one number for every row, or a
-                list with one per row.
+                list with one per row. Default: ``config.max_new_tokens``, else 128.
             attention_mask: (B, L) 1 for real tokens, 0 for padding (either side), for a tensor
                 prompt.
             eos_token_id: id(s) that end a row; default: the target's. Ignored if ``ignore_eos``.
@@ -514,7 +531,7 @@ class SpeculativeEngine:
     def stream(
         self,
         prompt: Prompt | None = None,
-        max_new_tokens: int | Sequence[int] = 128,
+        max_new_tokens: int | Sequence[int] | None = None,
         *,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -586,9 +603,9 @@ class SpeculativeEngine:
         # 0. choose the arm: a drafter and its draft length, or plain decoding. Drafts beyond
         # room - 1 could never be emitted (the round adds one token of its own), and a round
         # that can emit one token is plain whatever is chosen, so it teaches the selector nothing.
-        choosing = room > 1 and (self.model is not None or bool(self.selectors))
+        choosing = room > 1 and (self.throughput is not None or bool(self.selectors))
         context = self._context(gen) if choosing else 0
-        model = self.model if choosing else None
+        model = self.throughput if choosing else None
         selector = self.selectors[context] if choosing and self.selectors else None
         full = gen.last_full
         if model is not None:
@@ -860,7 +877,7 @@ class SpeculativeEngine:
     def _prepare(
         self,
         prompt: Prompt | None,
-        max_new_tokens: int | Sequence[int],
+        max_new_tokens: int | Sequence[int] | None,
         input_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         eos_token_id: int | Sequence[int] | None,
@@ -876,7 +893,9 @@ class SpeculativeEngine:
         if prompt is not None and input_ids is not None:
             raise ValueError("pass the prompt either positionally or as input_ids=, not both")
         rows = self._tokenize(input_ids if input_ids is not None else prompt, attention_mask)
-        max_new = _per_row_limits(max_new_tokens, len(rows))
+        if max_new_tokens is None:
+            max_new_tokens = self.config.max_new_tokens
+        max_new = _per_row_limits(128 if max_new_tokens is None else max_new_tokens, len(rows))
         stops = _per_row_stops(stop, len(rows))
         decode = self._decoder()
         if any(stops) and decode is None:
@@ -1081,6 +1100,28 @@ class _NgramIndex:
             found = found or (length > n and tuple(row[-n:]) in seen)
         self.indexed = max(self.indexed, windows)
         return found
+
+
+def _warn_ignored(config: FlashSpecConfig, throughput: bool, bandit: bool) -> None:
+    """Warn about settings the engine's mode ignores (each warning shows once per place)."""
+    if throughput and config.sampling.dynamic_gamma:
+        warnings.warn(
+            "SamplingConfig.dynamic_gamma is ignored: BanditConfig.selector='model' chooses "
+            "every round's draft length itself; use selector='ucb1' or 'thompson' for "
+            "dynamic_gamma, or drop it",
+            UserWarning,
+            stacklevel=3,
+        )
+    kind = config.bandit.selector
+    default = BanditConfig.__dataclass_fields__["exploration"].default
+    if config.bandit.exploration != default and not (bandit and kind == "ucb1"):
+        warnings.warn(
+            f"BanditConfig.exploration is ignored: it is UCB1's constant, and this engine "
+            f"{'uses selector=' + repr(kind) if bandit else 'has a single arm'}; "
+            "use selector='ucb1' with several arms, or drop it",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _empty(tokens: torch.Tensor) -> Proposal:

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from flashspec.bandit import (
+    BanditKind,
     Selector,
-    SelectorKind,
     ThompsonSelector,
     UCB1Selector,
     make_selector,
@@ -40,7 +40,7 @@ def auer_bound(means: tuple[float, ...], t: int) -> float:
 
 
 @pytest.mark.parametrize("kind", ["ucb1", "thompson"])
-def test_selector_base(kind: SelectorKind) -> None:
+def test_selector_base(kind: BanditKind) -> None:
     selector = make_selector(kind, 3, window_size=None, exploration=1.0, seed=0)
     assert isinstance(selector, Selector)
     assert selector.n_arms == 3
@@ -114,7 +114,7 @@ def test_ucb1_choices_do_not_depend_on_the_reward_unit() -> None:
 
 
 @pytest.mark.parametrize("kind", ["ucb1", "thompson"])
-def test_concentrates_on_the_best_arm_with_regret_below_the_auer_bound(kind: SelectorKind) -> None:
+def test_concentrates_on_the_best_arm_with_regret_below_the_auer_bound(kind: BanditKind) -> None:
     selector = make_selector(kind, 3, window_size=None, exploration=1.0, seed=7, reward_scale=1.0)
     chosen = bernoulli_run(selector, MEANS, 5000, seed=5)
     assert chosen.count(0) > 0.8 * 5000
@@ -128,7 +128,7 @@ def test_concentrates_on_the_best_arm_with_regret_below_the_auer_bound(kind: Sel
 
 
 @pytest.mark.parametrize("kind", ["ucb1", "thompson"])
-def test_sliding_window_follows_a_drift(kind: SelectorKind) -> None:
+def test_sliding_window_follows_a_drift(kind: BanditKind) -> None:
     selector = make_selector(kind, 2, window_size=200, exploration=1.0, seed=1)
     rng = random.Random(2)
     means = [0.8, 0.2]
@@ -264,7 +264,7 @@ def test_bad_arguments_raise(build: object, match: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["ucb1", "thompson"])
-def test_bad_updates_raise_and_change_nothing(kind: SelectorKind) -> None:
+def test_bad_updates_raise_and_change_nothing(kind: BanditKind) -> None:
     selector = make_selector(kind, 2, seed=0, reward_scale=10.0)
     for arm, reward, match in [
         (2, 1.0, "arm must be in"),
