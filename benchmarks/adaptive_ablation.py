@@ -38,14 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from flashspec import bench
-from flashspec._bench_adaptive import (
+from flashspec.bench import (
     REGIMES,
     SEED_STRIDE,
     copy_prompts,
+    encode,
     load_drafters_for,
+    load_pair,
     mixed_stream,
 )
-from flashspec._bench_engine import encode, load_pair
 from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import Drafter
 from flashspec.engine import SpeculativeEngine
@@ -118,8 +119,8 @@ def main() -> int:
     for engine in configs.values():
         # Warm-up, then forget it: first calls pay for allocator growth and lazy set-up.
         engine.generate(ids[0], max_new_tokens=8, ignore_eos=True, seed=0)
-        if engine.model is not None:
-            engine.model.reset()
+        if engine.throughput is not None:
+            engine.throughput.reset()
 
     # Greedy output does not depend on the seed.
     seeds = 1 if sampling.temperature == 0 else args.seeds

@@ -50,24 +50,29 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flashspec import bench
-from flashspec._bench_adaptive import (
+from flashspec.bench import (
     REGIMES,
     SEED_STRIDE,
     FixedArm,
     copy_prompts,
+    encode,
     load_drafters_for,
+    load_pair,
 )
-from flashspec._bench_engine import encode, load_pair
 from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import Drafter
-from flashspec.engine import SpeculativeEngine, _Generation, _NgramIndex
+from flashspec.engine import SpeculativeEngine
 from flashspec.models import TargetModel
-from flashspec.throughput import _tokens
+from flashspec.select.context import NgramIndex
+from flashspec.select.throughput import expected_tokens
+
+if TYPE_CHECKING:
+    from flashspec.engine.generation import Generation
 
 DRAFTERS = "demo-draft,demo-draft3,prompt_lookup"
 COST_GAMMAS = (1, 2, 4, 8, 16)  # those up to --max-gamma are run
@@ -109,14 +114,14 @@ class ProbingEngine(SpeculativeEngine):
         self.rounds: list[Round] = []
         self.last_full: tuple[bool, ...] = ()  # per drafter, its latest probe; () at a new prompt
 
-    def _round(self, gen: _Generation) -> Any:
+    def _round(self, gen: Generation) -> Any:
         length = gen.tokens.shape[1]
         room = max(gen.max_new_tokens[i] for i in gen.live) - (length - gen.prompt_length)
         if self.target.cached > 0 and room - 1 >= self.max_gamma:
             self._probe(gen)
         return super()._round(gen)
 
-    def _probe(self, gen: _Generation) -> None:
+    def _probe(self, gen: Generation) -> None:
         valid = gen.tokens.shape[1] - 1
         accept: list[list[float]] = []
         top: list[list[float]] = []
@@ -132,7 +137,7 @@ class ProbingEngine(SpeculativeEngine):
             )
             self.target.rollback(valid)
             drafter.commit(valid)
-        index = _NgramIndex(LOOKUP_NGRAM, gen.tokens, gen.padding.left)
+        index = NgramIndex(LOOKUP_NGRAM, gen.tokens, gen.padding.left)
         previous = self.last_full or (False,) * len(accept)
         self.rounds.append(
             Round(
@@ -171,9 +176,10 @@ class CostModel:
 
 def tokens_by_length(accept: Sequence[float]) -> list[float]:
     """Tokens a round of 0, 1, ..., len(accept) drafts emits in expectation (the throughput
-    model's own formula): the bonus token plus each drafted position times the probability
-    that it and all before it are accepted."""
-    by_length: list[float] = _tokens(np.array([accept], dtype=np.float64), 1)[0].tolist()
+    model's formula for one row): the bonus token plus each drafted position times the
+    probability that it and all before it are accepted."""
+    rates = np.asarray([list(accept)], dtype=np.float64).reshape(1, len(accept))
+    by_length: list[float] = expected_tokens(rates, 1)[0].tolist()
     return by_length
 
 

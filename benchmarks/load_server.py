@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from flashspec import SpeculativeEngine
-        from flashspec.server import ServerThread, create_app
+        from flashspec.serve import ServerThread, create_app
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)

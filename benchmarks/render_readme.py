@@ -1,21 +1,35 @@
-"""Write benchmark result files into README.md between their markers.
+"""Write benchmark result files into README.md and docs/*.md between their markers.
 
     python benchmarks/render_readme.py
 
-The README's figures are never typed by hand: this script renders them from the JSON
-that the benchmarks wrote (``flashspec bench kernel|engine|profile|regret|adaptive``), with
-the machine, versions and git sha recorded there. Sections whose JSON is missing are left as
-they are.
+The figures in the README and the docs are never typed by hand: this script renders them
+from the JSON that the benchmarks wrote (``flashspec bench
+kernel|engine|profile|regret|adaptive|recurrent``, ``benchmarks/load_server.py``,
+``benchmarks/adaptive_headroom.py``), with the machine, versions and git sha recorded there.
+Each section goes between ``<!-- TAG:START -->`` and ``<!-- TAG:END -->`` in the page that
+``PAGES`` names. Sections whose JSON is missing are left as they are.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The page each generated section is rendered into (a page may hold several).
+PAGES: dict[str, Path] = {
+    "SUMMARY": README,
+    "ENGINE-BENCH": DOCS / "benchmarks.md",
+    "SERVE-LOAD": DOCS / "benchmarks.md",
+    "KERNEL-BENCH": DOCS / "kernel.md",
+    "ADAPTIVE-BENCH": DOCS / "adaptive.md",
+    "DEMO-CARD": DOCS / "demo-pair.md",
+    "RECURRENT-BENCH": DOCS / "models.md",
+}
 RESULTS = ROOT / "benchmarks" / "results"
 KERNEL_JSON = RESULTS / "kernel.json"
 ENGINE_JSON = RESULTS / "engine.json"
@@ -31,9 +45,22 @@ HEADROOM_JSONS = (
 # Written by scripts/train_demo_pair.py from the measurements in card.json.
 DEMO_CARD = ROOT / "flashspec" / "demo" / "CARD.md"
 SWEEP_HEADER = ["gamma", "speedup (median)", "ideal", "acceptance", "tokens/round", "identical"]
+# The README's table: the engine table's HumanEval rows, cut to what a newcomer asks first.
+SUMMARY_COLUMNS = ("method", "tokens/s", "speedup (median)", "greedy identity", "acceptance")
 
 
-def kernel_section(data: dict[str, Any]) -> str:
+def _relative(page: Path, target: Path) -> str:
+    """``target`` as a link from ``page``: a section reads the same wherever it is rendered."""
+    return Path(os.path.relpath(target, page.parent)).as_posix()
+
+
+def _plot(page: Path, name: str, alt: str) -> list[str]:
+    """The image line of a results plot, if the benchmark wrote one."""
+    path = RESULTS / name
+    return ["", f"![{alt}]({_relative(page, path)})"] if path.exists() else []
+
+
+def kernel_section(data: dict[str, Any], page: Path) -> str:
     rows = data["rows"]
     m = data["machine"]
     names = list(rows[0]["ns"].keys())
@@ -54,8 +81,7 @@ def kernel_section(data: dict[str, Any]) -> str:
     lines += ["", "Against the kernel issue's targets (ratios from the same run):", ""]
     for k, v in data["summary"].items():
         lines.append(f"- {k}: {v}")
-    if (RESULTS / "kernel.png").exists():
-        lines += ["", "![time per call against V](benchmarks/results/kernel.png)"]
+    lines += _plot(page, "kernel.png", "time per call against V")
     return "\n".join(lines)
 
 
@@ -65,8 +91,8 @@ def _markdown(rows: list[list[str]]) -> list[str]:
     return out
 
 
-def engine_section(data: dict[str, Any], profile: dict[str, Any] | None) -> str:
-    from flashspec._bench_engine import engine_table
+def engine_section(data: dict[str, Any], profile: dict[str, Any] | None, page: Path) -> str:
+    from flashspec.bench.report import engine_table
 
     m, s, pair, costs = data["machine"], data["settings"], data["pair"], data["costs"]
     counts = s["prompts"]
@@ -124,11 +150,35 @@ def engine_section(data: dict[str, Any], profile: dict[str, Any] | None) -> str:
     others = sorted(RESULTS.glob("engine-*.json"))
     if others:
         lines += ["", *other_runs([json.loads(path.read_text()) for path in others])]
-    if (RESULTS / "engine.png").exists():
-        lines += ["", "![per-prompt speedups and gamma sweep](benchmarks/results/engine.png)"]
+    lines += _plot(page, "engine.png", "per-prompt speedups and gamma sweep")
     if profile is not None:
         lines += ["", *profile_section(profile)]
     return "\n".join(lines)
+
+
+def summary_section(data: dict[str, Any], page: Path) -> str:
+    """The README's one table: the HumanEval rows of the engine benchmark, fewer columns."""
+    from flashspec.bench.report import engine_table
+
+    m, s = data["machine"], data["settings"]
+    rows = engine_table(data, "humaneval")
+    keep = [rows[0].index(column) for column in SUMMARY_COLUMNS]
+    details = _relative(page, PAGES["ENGINE-BENCH"])
+    return "\n".join(
+        [
+            f"`flashspec bench engine` on the demo pair ({m['cpu']}, {m['cores']} cores, "
+            f"torch {m['torch']}; git {m['git_sha'][:10]}): {s['prompts']['humaneval']} "
+            f"HumanEval prompts, {s['max_new_tokens']} new tokens each, gamma = {s['gamma']}. "
+            "Speedup: median of per-prompt tokens/s ratios against plain HF `generate` "
+            "(greedy; sampling against HF sampling). Greedy identity: prompts whose output "
+            "equals HF greedy token for token, or differs first at a floating-point tie.",
+            "",
+            *_markdown([[row[i] for i in keep] for row in rows]),
+            "",
+            f"The held-out stdlib prompts, the efficiency columns, the gamma sweep and where a "
+            f"round's time goes are in [docs/benchmarks.md]({details}#engine-results).",
+        ]
+    )
 
 
 def other_runs(runs: list[dict[str, Any]]) -> list[str]:
@@ -216,7 +266,7 @@ def _versions(m: dict[str, Any]) -> str:
     )
 
 
-def regret_section(data: dict[str, Any]) -> list[str]:
+def regret_section(data: dict[str, Any], page: Path) -> list[str]:
     setup, bound, sel = data["setup"], data["bound"], data["selectors"]
     earlier = data["reference"]["earlier_library"]
     lines = [
@@ -237,8 +287,7 @@ def regret_section(data: dict[str, Any]) -> list[str]:
             f"{r['p5']:.1f}-{r['p95']:.1f} |"
         )
     lines.append(f"| UCB1 bound (Auer et al. 2002) | {bound['at_horizon']:.1f} | | |")
-    if (RESULTS / "regret.png").exists():
-        lines += ["", "![cumulative regret against t](benchmarks/results/regret.png)"]
+    lines += _plot(page, "regret.png", "cumulative regret against t")
     return lines
 
 
@@ -407,12 +456,14 @@ def serve_section(data: dict[str, Any]) -> str:
 
 def replace_between(text: str, tag: str, body: str) -> str:
     start, end = f"<!-- {tag}:START -->", f"<!-- {tag}:END -->"
+    if start not in text or end not in text:
+        raise ValueError(f"no {start} ... {end} markers to render {tag} between")
     a, b = text.index(start) + len(start), text.index(end)
     return text[:a] + "\n" + body + "\n" + text[b:]
 
 
 def recurrent_section(data: dict[str, Any]) -> str:
-    from flashspec._bench_recurrent import table
+    from flashspec.bench.recurrent import table
 
     s = data["settings"]
     return (
@@ -422,39 +473,51 @@ def recurrent_section(data: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
-    if RECURRENT_JSON.exists():
-        models_doc = ROOT / "docs" / "models.md"
-        body = recurrent_section(json.loads(RECURRENT_JSON.read_text()))
-        models_doc.write_text(replace_between(models_doc.read_text(), "RECURRENT-BENCH", body))
-        print(f"updated {models_doc}")
-    text = README.read_text()
-    if KERNEL_JSON.exists():
-        kernel = json.loads(KERNEL_JSON.read_text())
-        text = replace_between(text, "KERNEL-BENCH", kernel_section(kernel))
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def sections() -> dict[str, str]:
+    """The body of every section whose result files exist, by tag."""
+    bodies: dict[str, str] = {}
     if ENGINE_JSON.exists():
-        engine = json.loads(ENGINE_JSON.read_text())
-        profile = json.loads(PROFILE_JSON.read_text()) if PROFILE_JSON.exists() else None
-        text = replace_between(text, "ENGINE-BENCH", engine_section(engine, profile))
+        engine = _load(ENGINE_JSON)
+        profile = _load(PROFILE_JSON) if PROFILE_JSON.exists() else None
+        bodies["SUMMARY"] = summary_section(engine, PAGES["SUMMARY"])
+        bodies["ENGINE-BENCH"] = engine_section(engine, profile, PAGES["ENGINE-BENCH"])
+    if SERVE_JSON.exists():
+        bodies["SERVE-LOAD"] = serve_section(_load(SERVE_JSON))
+    if KERNEL_JSON.exists():
+        bodies["KERNEL-BENCH"] = kernel_section(_load(KERNEL_JSON), PAGES["KERNEL-BENCH"])
     adaptive_lines: list[str] = []
     if REGRET_JSON.exists():
-        adaptive_lines += regret_section(json.loads(REGRET_JSON.read_text()))
+        adaptive_lines += regret_section(_load(REGRET_JSON), PAGES["ADAPTIVE-BENCH"])
     if ADAPTIVE_JSON.exists():
-        adaptive_lines += ["", *adaptive_section(json.loads(ADAPTIVE_JSON.read_text()))]
-    headroom = [json.loads(path.read_text()) for path in HEADROOM_JSONS if path.exists()]
+        adaptive_lines += ["", *adaptive_section(_load(ADAPTIVE_JSON))]
+    headroom = [_load(path) for path in HEADROOM_JSONS if path.exists()]
     if headroom:
         adaptive_lines += ["", *headroom_section(headroom)]
-    if DEMO_CARD.exists():
-        card = DEMO_CARD.read_text().strip().replace("\n## ", "\n#### ")
-        text = replace_between(text, "DEMO-CARD", card)
-    if SERVE_JSON.exists():
-        text = replace_between(
-            text, "SERVE-LOAD", serve_section(json.loads(SERVE_JSON.read_text()))
-        )
     if adaptive_lines:
-        text = replace_between(text, "ADAPTIVE-BENCH", "\n".join(adaptive_lines).strip())
-    README.write_text(text)
-    print(f"updated {README}")
+        bodies["ADAPTIVE-BENCH"] = "\n".join(adaptive_lines).strip()
+    if DEMO_CARD.exists():
+        bodies["DEMO-CARD"] = DEMO_CARD.read_text().strip().replace("\n## ", "\n#### ")
+    if RECURRENT_JSON.exists():
+        bodies["RECURRENT-BENCH"] = recurrent_section(_load(RECURRENT_JSON))
+    return bodies
+
+
+def main() -> None:
+    pages: dict[Path, str] = {}
+    for tag, body in sections().items():
+        page = PAGES[tag]
+        text = pages[page] if page in pages else page.read_text()
+        try:
+            pages[page] = replace_between(text, tag, body)
+        except ValueError as error:
+            raise SystemExit(f"{page.relative_to(ROOT)}: {error}") from None
+    for page, text in pages.items():
+        page.write_text(text)
+        print(f"updated {page.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "TRITON_AVAILABLE": "._compat",
-    "Selector": ".bandit",
-    "ThompsonSelector": ".bandit",
-    "UCB1Selector": ".bandit",
-    "make_selector": ".bandit",
+    "Selector": ".select.bandit",
+    "ThompsonSelector": ".select.bandit",
+    "UCB1Selector": ".select.bandit",
+    "make_selector": ".select.bandit",
     "BanditConfig": ".config",
     "FlashSpecConfig": ".config",
     "SamplingConfig": ".config",
@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "TokenStream": ".engine",
     "TargetModel": ".models",
     "resolve_model_path": ".models",
-    "ThroughputModel": ".throughput",
+    "ThroughputModel": ".select.throughput",
 }
 
 __all__ = [
@@ -66,7 +66,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ._compat import TRITON_AVAILABLE
-    from .bandit import Selector, ThompsonSelector, UCB1Selector, make_selector
     from .config import BanditConfig, FlashSpecConfig, SamplingConfig
     from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, load_drafters
     from .engine import (
@@ -78,7 +77,8 @@ if TYPE_CHECKING:
         TokenStream,
     )
     from .models import TargetModel, resolve_model_path
-    from .throughput import ThroughputModel
+    from .select.bandit import Selector, ThompsonSelector, UCB1Selector, make_selector
+    from .select.throughput import ThroughputModel
 
 
 def __getattr__(name: str) -> Any:

@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import _argtypes
+from .options import EngineOptions, UserError, first_line
 
 EXIT_USAGE = 2
-
-
-class UserError(Exception):
-    """A problem the user can fix; main() prints it as one line."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,63 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     gen.add_argument("prompt", nargs="?", help="the prompt (or use --batch-file)")
-    gen.add_argument(
-        "--target", default="demo", help="local directory or hub id (default: the demo target)"
-    )
-    gen.add_argument(
-        "--draft",
-        default=None,
-        help="draft model: local directory or hub id (default: the demo draft with the demo "
-        "target, prompt lookup otherwise)",
-    )
-    gen.add_argument(
-        "--drafter",
-        choices=("model", "prompt-lookup"),
-        default=None,
-        help="'prompt-lookup' drafts by copying n-grams from the context (no draft model)",
-    )
-    gen.add_argument("--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)")
-    gen.add_argument(
-        "--adaptive",
-        action="store_true",
-        help="choose the drafter and draft length each round, online, among every drafter "
-        "(the draft model(s) and prompt lookup) and plain decoding",
-    )
-    gen.add_argument(
-        "--selector",
-        choices=("model", "ucb1", "thompson"),
-        default="model",
-        help="how --adaptive chooses: model (default; predicts each drafter's tokens/s from "
-        "its measured acceptance and cost, and picks the draft length too), or the bandits "
-        "ucb1 / thompson (with the --dynamic-gamma heuristic for the draft length)",
-    )
-    gen.add_argument(
-        "--dynamic-gamma",
-        action="store_true",
-        help="adapt the draft length: +2 after a fully accepted round, -1 otherwise",
-    )
-    gen.add_argument(
-        "--confidence",
-        type=_argtypes.probability,
-        default=None,
-        help="a draft model stops drafting once its top probability falls below this (e.g. 0.4)",
-    )
-    gen.add_argument(
-        "--temperature", type=_argtypes.temperature, default=0.0, help="0 = greedy (default)"
-    )
-    gen.add_argument("--top-p", type=_argtypes.top_p, default=1.0, help="nucleus mass, 1 = off")
-    gen.add_argument("--top-k", type=_argtypes.nonnegative_int, default=0, help="0 = off")
+    EngineOptions.add_arguments(gen)
     gen.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
-    gen.add_argument("--seed", type=_argtypes.integer, default=None, help="seed for sampling")
-    gen.add_argument(
-        "--method",
-        "--variant",  # the earlier name, kept as an alias
-        dest="method",
-        choices=("auto", "rejection", "greedy", "typical"),
-        default="auto",
-        help="acceptance rule (SamplingConfig.method): auto (greedy at temperature 0, "
-        "rejection otherwise), rejection (lossless sampling), greedy, typical (lossy, faster)",
-    )
     gen.add_argument(
         "--batch-file",
         type=Path,
@@ -124,8 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run plain target decoding; print the speedup and whether outputs match",
     )
-    gen.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
     gen.set_defaults(func=cmd_generate)
 
     # `flashspec bench engine|kernel|profile|all` lives with the benchmarks (flashspec.bench).
@@ -138,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_info)
 
     # `flashspec serve`: the OpenAI-compatible HTTP server (flashspec.server, [serve] extra).
-    from ._serve_cli import add_parser as add_serve_parser
+    from .serve.cli import add_parser as add_serve_parser
 
     add_serve_parser(commands)
     return parser
@@ -147,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------ loading
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
+    """Silence library warnings and progress bars that would interleave with the output."""
     # Library warnings (deprecations, generation-config notes) would interleave with the
     # streamed text; the command reports what matters itself.
     warnings.filterwarnings("ignore")
@@ -162,172 +103,13 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _looks_local(name: str) -> bool:
-    """A name meant as a filesystem path rather than a hub id ("org/model")."""
-    return (
-        name.startswith((".", "/", "~"))
-        or name.count("/") > 1
-        or (os.sep != "/" and os.sep in name)
-    )
-
-
-def _offline() -> bool:
-    return any(
-        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def check_model_name(name: str, flag: str) -> None:
-    """Fail early, in one line, for a local path that holds no model.
-
-    Raises:
-        UserError: the path is missing or holds no config.json.
-    """
-    from .models import DEMO_NAMES, resolve_model_path
-
-    if name in DEMO_NAMES:
-        try:
-            resolve_model_path(name)
-        except FileNotFoundError as exc:
-            raise UserError(str(exc)) from None
-        return
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(
-                f"{flag} {name}: the directory has no config.json; pass a directory saved with "
-                "save_pretrained (config.json + weights + tokenizer files)"
-            )
-        return
-    if path.exists() or _looks_local(name):
-        raise UserError(
-            f"{flag} {name}: no model directory there; pass a directory saved with "
-            "save_pretrained, or a hub id such as org/model"
-        )
-
-
-@contextlib.contextmanager
-def _load_errors(name: str, flag: str) -> Iterator[None]:
-    """Turn loader exceptions for ``name`` into one-line UserErrors."""
-    try:
-        yield
-    except UserError:
-        raise
-    except (OSError, ValueError) as exc:
-        if Path(name).expanduser().exists():
-            raise UserError(
-                f"{flag} {name}: cannot load the model there: {_first_line(exc)}"
-            ) from None
-        if _offline():
-            raise UserError(
-                f"{flag} {name}: not a local directory, and it is not in the local Hugging Face "
-                "cache while the hub is offline (HF_HUB_OFFLINE=1); download it on a machine "
-                f"with network (huggingface-cli download {name}) and pass the local directory"
-            ) from None
-        raise UserError(
-            f"{flag} {name}: not a local directory, and it could not be fetched from the "
-            f"Hugging Face hub ({_first_line(exc)}); check the id and your network, or pass a "
-            "local directory"
-        ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
-
-
 def build_engine(args: argparse.Namespace) -> Any:
-    """The engine the flags describe.
+    """The engine the flags in ``args`` describe (``EngineOptions``).
 
     Raises:
-        UserError: bad flag combinations or values, missing or unloadable models, vocabulary
-            mismatch.
+        UserError: see ``EngineOptions.build``.
     """
-    from .config import BanditConfig, FlashSpecConfig, SamplingConfig
-    from .drafters import PromptLookupDrafter, load_drafters
-    from .engine import SpeculativeEngine
-    from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
-
-    if args.drafter == "prompt-lookup" and args.draft is not None:
-        raise UserError("--drafter prompt-lookup needs no draft model; drop --draft or --drafter")
-    try:
-        config = FlashSpecConfig(
-            sampling=SamplingConfig(
-                gamma=args.gamma,
-                temperature=args.temperature,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                method=args.method,
-                seed=args.seed,
-                dynamic_gamma=args.dynamic_gamma or (args.adaptive and args.selector != "model"),
-                confidence_threshold=args.confidence,
-            ),
-            bandit=BanditConfig(
-                selector=args.selector,
-                plain=args.adaptive,
-                context="lookup" if args.adaptive else "none",
-            ),
-            device=args.device,
-            dtype=args.dtype,
-        )
-    except (ValueError, TypeError) as exc:
-        raise UserError(_flag_message(str(exc))) from None
-
-    _check_device(config.device)
-
-    draft: str | None = args.draft
-    if draft is None and args.drafter != "prompt-lookup" and args.target == DEMO_NAME:
-        draft = DEMO_DRAFT_NAME
-    if draft is None and args.drafter == "model":
-        raise UserError("--drafter model needs --draft PATH (a draft model for this target)")
-    check_model_name(args.target, "--target")
-    if draft is not None:
-        check_model_name(draft, "--draft")
-
-    names = [] if draft is None else [draft]
-    if args.adaptive and args.draft is None and args.target == DEMO_NAME:
-        names = [DEMO_DRAFT_NAME, DEMO_DRAFT3_NAME]  # both demo drafters: real arms to choose
-        for name in names[1:]:
-            check_model_name(name, "--adaptive")
-
-    with _load_errors(args.target, "--target"):
-        target = TargetModel(args.target, config.device, config.dtype)
-    drafters: list[Any] = []
-    for name in names:
-        with _load_errors(name, "--draft"):
-            drafters += load_drafters([name], device=config.device, dtype=config.dtype)
-    if not drafters or args.adaptive:
-        drafters.append(PromptLookupDrafter())
-    try:
-        return SpeculativeEngine(config, drafters, target)
-    except ValueError as exc:
-        # The engine's vocabulary check; its message already says what to use instead.
-        raise UserError(_first_line(exc)) from None
-
-
-def _check_device(device: str) -> None:
-    import torch
-
-    kind = torch.device(device).type
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise UserError(
-            f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
-            "use --device cpu"
-        )
-
-
-def _flag_message(message: str) -> str:
-    """Config errors name dataclass fields; say the flag the user typed instead."""
-    for field, flag in (
-        ("SamplingConfig.method", "--method"),
-        ("SamplingConfig.top_p", "--top-p"),
-        ("SamplingConfig.top_k", "--top-k"),
-        ("SamplingConfig.", "--"),
-        ("FlashSpecConfig.", "--"),
-    ):
-        message = message.replace(field, flag)
-    return message.replace("method=", "--method ").replace("temperature=", "--temperature ")
+    return EngineOptions.from_args(args).build()
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -367,7 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
     if args.compare and len(prompts) > 1:
         raise UserError("--compare runs one prompt; drop --batch-file or --compare")
-    _quiet_libraries()
+    quiet_libraries()
     engine = build_engine(args)
     out = sys.stdout
     if args.compare:
@@ -449,7 +231,7 @@ def _generation_errors() -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
-        raise UserError(_first_line(exc)) from None
+        raise UserError(first_line(exc)) from None
 
 
 def _plain_generate(
@@ -530,7 +312,7 @@ def info() -> dict[str, Any]:
             "cpu_features": dict(features),
         }
     except ImportError as exc:
-        report["kernel"] = f"not available ({_first_line(exc)}); the engine falls back to torch"
+        report["kernel"] = f"not available ({first_line(exc)}); the engine falls back to torch"
     card_path = DEMO_DIR / "card.json"
     demo: dict[str, Any] = {
         "path": str(DEMO_DIR),

@@ -16,7 +16,7 @@ from typing import Any
 
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
-from flashspec.server import ServerThread, create_app
+from flashspec.serve import ServerThread, create_app
 
 # The tiny target's context (build_llama's max_position_embeddings).
 TINY_CONTEXT = 256

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flashspec.bandit import (
+from flashspec.select.bandit import (
     BanditKind,
     Selector,
     ThompsonSelector,

@@ -12,8 +12,12 @@ import pytest
 import torch
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
-from flashspec import _bench_engine as E
 from flashspec import bench
+from flashspec.bench import engine as E
+from flashspec.bench.pair import Pair, encode, make_pair
+from flashspec.bench.profile import run_profile
+from flashspec.bench.report import plot_engine
+from flashspec.bench.runner import METHODS, SAMPLING
 
 NEW = 8
 PROMPTS = [
@@ -23,14 +27,14 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def pair() -> E.Pair:
+def pair() -> Pair:
     target = build_llama(0, layers=2)
     draft = perturbed_copy(target, noise=0.05, seed=1)
-    return E.make_pair(target, draft, build_char_tokenizer(), "tiny-target", "tiny-draft")
+    return make_pair(target, draft, build_char_tokenizer(), "tiny-target", "tiny-draft")
 
 
 @pytest.fixture(scope="module")
-def result(pair: E.Pair) -> dict[str, Any]:
+def result(pair: Pair) -> dict[str, Any]:
     settings = E.EngineSettings(
         gamma=3,
         max_new_tokens=NEW,
@@ -44,7 +48,7 @@ def result(pair: E.Pair) -> dict[str, Any]:
 
 def test_engine_result_schema(result: dict[str, Any]) -> None:
     json.dumps(result)  # the file is JSON
-    assert set(result["settings"]["methods"]) == set(E.METHODS)
+    assert set(result["settings"]["methods"]) == set(METHODS)
     assert {"target_ms", "draft_ms", "c", "verify_over_step"} <= set(result["costs"])
     assert [p["id"] for p in result["prompts"]] == ["tiny/0", "tiny/1"]
     for prompt in result["prompts"]:
@@ -69,7 +73,7 @@ def test_engine_result_schema(result: dict[str, Any]) -> None:
 def test_greedy_identity_is_computed(result: dict[str, Any]) -> None:
     for prompt in result["prompts"]:
         for method, record in prompt["methods"].items():
-            if method in E.SAMPLING:
+            if method in SAMPLING:
                 assert record["identity"] is None
             else:
                 # Lossless greedy methods (ours and HF's) must reproduce HF greedy.
@@ -78,8 +82,8 @@ def test_greedy_identity_is_computed(result: dict[str, Any]) -> None:
     assert result["gamma_sweep"][0]["all_match"] is True
 
 
-def test_greedy_identity_flags_a_real_difference(pair: E.Pair) -> None:
-    ids = E.encode(pair, PROMPTS[0].text, 64)
+def test_greedy_identity_flags_a_real_difference(pair: Pair) -> None:
+    ids = encode(pair, PROMPTS[0].text, 64)
     with torch.inference_mode():
         out = pair.target.generate(
             torch.tensor([ids]), do_sample=False, max_new_tokens=4, pad_token_id=0
@@ -93,8 +97,8 @@ def test_greedy_identity_flags_a_real_difference(pair: E.Pair) -> None:
     assert E.greedy_identity(pair, ids, ref[:3], ref)["status"] == "mismatch"
 
 
-def test_profile_splits_the_round(pair: E.Pair) -> None:
-    data = E.run_profile(
+def test_profile_splits_the_round(pair: Pair) -> None:
+    data = run_profile(
         pair,
         PROMPTS[:1],
         gamma=3,
@@ -125,5 +129,5 @@ def test_prompts_and_parser() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib")
 def test_plot(result: dict[str, Any], tmp_path: Path) -> None:
     data = {"machine": {"cpu": "test"}, **result}
-    E.plot_engine(data, tmp_path / "engine.png", bench.pyplot())
+    plot_engine(data, tmp_path / "engine.png", bench.pyplot())
     assert (tmp_path / "engine.png").stat().st_size > 1000

@@ -12,7 +12,7 @@ import pytest
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
 from flashspec import ModelDrafter, PromptLookupDrafter, TargetModel, bench
-from flashspec import _bench_adaptive as A
+from flashspec.bench import adaptive as A
 
 
 def test_copy_prompts_end_with_the_renamed_header() -> None:

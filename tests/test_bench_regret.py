@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from flashspec import _bench_regret as R
 from flashspec import bench
+from flashspec.bench import regret as R
 
 MEANS = (0.9, 0.7, 0.4)
 

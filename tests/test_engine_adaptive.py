@@ -307,7 +307,7 @@ def lookup_would_draft(tokens: torch.Tensor, left: torch.Tensor, n: int) -> bool
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
-    from flashspec.engine import _NgramIndex
+    from flashspec.select.context import NgramIndex as _NgramIndex
 
     generator = torch.Generator().manual_seed(n)
     seen = Counter()
@@ -326,7 +326,7 @@ def test_lookup_context_probe_agrees_with_prompt_lookup(n: int) -> None:
 def test_incremental_probe_agrees_with_prompt_lookup_as_it_grows(n: int) -> None:
     # The engine's probe keeps an index that grows with each round's tokens; it must answer
     # like prompt lookup at every length, with padding, and after rows leave.
-    from flashspec.engine import _NgramIndex
+    from flashspec.select.context import NgramIndex as _NgramIndex
 
     generator = torch.Generator().manual_seed(10 + n)
     seen = Counter()

@@ -19,8 +19,8 @@ from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
 import flashspec._state as state
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec._bench_recurrent import build
 from flashspec._compat import crop_cache, new_cache
+from flashspec.bench.recurrent import build
 from flashspec.drafters import DraftContext, Drafter, ModelDrafter, PromptLookupDrafter
 from flashspec.models import Padding
 from flashspec.sampling import Warper

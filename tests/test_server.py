@@ -35,7 +35,7 @@ import server_helpers
 from server_helpers import assert_error, request, wait_for
 
 from flashspec import SpeculativeEngine
-from flashspec.server import FALLBACK_CHAT_STOP, ServerThread, StopTrimmer, create_app
+from flashspec.serve import FALLBACK_CHAT_STOP, ServerThread, StopTrimmer, create_app
 
 API_KEY = "test-key-123"
 MODEL = "demo"
@@ -496,13 +496,13 @@ def test_without_fastapi_the_error_says_what_to_install(
 ) -> None:
     import importlib
 
-    import flashspec._serve_cli as serve_cli
+    import flashspec.serve.cli as serve_cli
     from flashspec.cli import main
 
     monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` now fails
-    monkeypatch.delitem(sys.modules, "flashspec.server")
+    monkeypatch.delitem(sys.modules, "flashspec.serve.app")
     with pytest.raises(ImportError, match=re.escape("pip install 'flashspec[serve]'")):
-        importlib.import_module("flashspec.server")
+        importlib.import_module("flashspec.serve.app")
     real = importlib.util.find_spec
     monkeypatch.setattr(
         serve_cli.importlib.util,

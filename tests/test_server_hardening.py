@@ -42,7 +42,7 @@ from server_helpers import (
     wait_for,
 )
 
-from flashspec.server import FALLBACK_CHAT_STOP, ServerThread
+from flashspec.serve import FALLBACK_CHAT_STOP, ServerThread
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from flashspec.throughput import (
+from flashspec.select.throughput import (
     _COST_MEMORY,
     PLAN_ROUNDS,
     RETRY_FACTOR,

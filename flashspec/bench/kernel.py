@@ -1,14 +1,9 @@
-"""Residual-kernel benchmark: flashspec backends against NumPy, torch and two C baselines.
-
-Reached as ``flashspec bench kernel`` (see ``flashspec.bench``). One process, the same Dirichlet
-inputs (seed 0) for every implementation, medians of many timed batches. The C baselines are
-compiled here, at run time, with -O3 -march=native (they are yardsticks, not shipped code) and
-timed inside C so that no FFI overhead is charged to them; flashspec is timed through its
-Python API, so its figures include the whole Python call.
-"""
+"""``flashspec bench kernel``: the residual kernel's backends against NumPy, torch and two C
+baselines, over vocabulary sizes (``kernel.json``, ``kernel.png``)."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import shutil
 import statistics
@@ -23,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .bench import progress
+from .common import machine_info, progress, pyplot, write_json
 
 VS = [1024, 4096, 32000, 128256, 152064, 256000]
 QUICK_VS = [1024, 32000, 128256]
@@ -168,8 +163,15 @@ def time_py(fn: Callable[[], object], v: int, samples: int) -> float:
 
 
 def run(quick: bool = False, show_progress: bool = True) -> dict[str, Any]:
-    """Time every implementation at every V; the result dict is what kernel.json holds."""
-    from . import _residual
+    """Time every implementation at every V; the result dict is what kernel.json holds.
+
+    One process, the same Dirichlet inputs (seed 0) for every implementation, medians of many
+    timed batches. The C baselines are compiled here, at run time, with -O3 -march=native (they
+    are yardsticks, not shipped code) and timed inside C so that no FFI overhead is charged to
+    them; flashspec is timed through its Python API, so its figures include the whole Python
+    call.
+    """
+    from .. import _residual
 
     # Any: the stubs accept Buffer, which numpy's ndarray type does not declare.
     R: Any = _residual
@@ -305,3 +307,19 @@ def plot(data: dict[str, Any], path: Path, plt: Any) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``flashspec bench kernel``: run, print the table and the ratios, write JSON and plot."""
+    data = {"machine": machine_info(), **run(args.quick, not args.no_progress)}
+    out = Path(args.out_dir)
+    print(table(data))
+    print("\nAgainst the kernel issue's targets (ratios in this run):")
+    for key, value in data["summary"].items():
+        print(f"  {key}: {value}")
+    write_json(data, out / f"{args.name}.json")
+    plt = pyplot()
+    if plt is not None:
+        plot(data, out / f"{args.name}.png", plt)
+        print(f"wrote {out / f'{args.name}.png'}", file=sys.stderr)
+    return 0

@@ -1,15 +1,6 @@
 """The engine worker of ``flashspec serve``: one thread that owns the engine and batches requests.
 
-An engine runs one generation at a time and is not thread-safe, so exactly one thread touches
-it. HTTP handlers (on the event loop) turn each prompt into a ``Job`` and ``submit`` it to a
-bounded queue; the worker takes the oldest waiting job plus up to ``max_batch - 1`` more with
-the same sampling settings (``Job.group``: one ``SamplingConfig`` serves a whole batch), runs
-them as one ``engine.stream`` batch, and hands every ``StreamChunk`` to its job's ``deliver``
-callback (which the server points at the request's asyncio queue).
-
-Batching is static: jobs that arrive while a batch runs wait for the next one (no continuous
-batching). Rows that finish, or whose request was cancelled (client gone, timeout), leave the
-running batch before its next round (``TokenStream.cancel``), so the batch only shrinks.
+Batching is static: jobs that arrive while a batch runs wait for the next one.
 """
 
 from __future__ import annotations
@@ -23,13 +14,24 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._serve_metrics import Metrics
+from .metrics import Metrics
 
 if TYPE_CHECKING:
-    from .config import SamplingConfig
-    from .engine import SpeculativeEngine
+    from ..config import SamplingConfig
+    from ..engine import SpeculativeEngine
 
 logger = logging.getLogger("flashspec.server")
+
+# An engine runs one generation at a time and is not thread-safe, so exactly one thread touches it.
+# HTTP handlers (on the event loop) turn each prompt into a ``Job`` and ``submit`` it to a bounded
+# queue; the worker takes the oldest waiting job plus up to ``max_batch - 1`` more with the same
+# sampling settings (``Job.group``: one ``SamplingConfig`` serves a whole batch), runs them as one
+# ``engine.stream`` batch, and hands every ``StreamChunk`` to its job's ``deliver`` callback (which
+# the server points at the request's asyncio queue).
+#
+# There is no continuous batching. Rows that finish, or whose request was cancelled (client gone,
+# timeout), leave the running batch before its next round (``TokenStream.cancel``), so the batch
+# only shrinks.
 
 
 @dataclass(frozen=True)

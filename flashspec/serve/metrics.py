@@ -1,8 +1,6 @@
 """Server metrics in the Prometheus text exposition format (version 0.0.4), written by hand.
 
-The format is a few lines per metric, so the server needs no client library: ``Metrics`` keeps
-counters, gauges and histograms behind one lock (the engine worker thread and the event loop
-both update them) and ``Metrics.render`` writes the text ``GET /metrics`` returns.
+``Metrics`` keeps the counters, gauges and histograms; ``Metrics.render`` writes ``GET /metrics``.
 """
 
 from __future__ import annotations
@@ -66,6 +64,8 @@ class _Family:
     histograms: dict[Labels, _Histogram] = field(default_factory=dict)
 
 
+# The format is a few lines per metric, so the server needs no client library. One lock guards
+# every metric: the engine worker thread and the event loop both update them.
 class Metrics:
     """Thread-safe counters, gauges and histograms, rendered as Prometheus text.
 

@@ -1,15 +1,6 @@
 """The HTTP/1.1 connection of ``flashspec serve``: uvicorn's h11 protocol with a header deadline.
 
-uvicorn bounds the idle time between two requests of a keep-alive connection
-(``timeout_keep_alive``) but not the time a client takes to send a request's headers: a
-connection that sends half a request line, or nothing at all, is held until shutdown. Here
-every connection must deliver a request's complete headers within ``header_timeout_s`` of
-opening, or of the previous response's end, or it is answered 408 and closed. Once the
-headers are in, the app bounds the body's read time itself (``flashspec.server``).
-
-Errors uvicorn answers before the app sees a request (malformed HTTP, headers over
-``max_header_bytes``) keep uvicorn's status codes but come in OpenAI's JSON error shape, not as
-plain text. None of them reaches the app, so ``/metrics`` does not count them.
+Connection-level errors (malformed HTTP, headers too large) come in OpenAI's JSON error shape.
 """
 
 from __future__ import annotations
@@ -22,9 +13,20 @@ from typing import Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ._serve_schema import ApiError
+from .protocol import ApiError
 
 logger = logging.getLogger("flashspec.server")
+
+# uvicorn bounds the idle time between two requests of a keep-alive connection
+# (``timeout_keep_alive``) but not the time a client takes to send a request's headers: a connection
+# that sends half a request line, or nothing at all, is held until shutdown. Here every connection
+# must deliver a request's complete headers within ``header_timeout_s`` of opening, or of the
+# previous response's end, or it is answered 408 and closed. Once the headers are in, the app bounds
+# the body's read time itself (``Service.read_body``).
+#
+# Errors uvicorn answers before the app sees a request (malformed HTTP, headers over
+# ``max_header_bytes``) keep uvicorn's status codes but come in OpenAI's JSON error shape, not as
+# plain text. None of them reaches the app, so ``/metrics`` does not count them.
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 # h11's own default: the request line and headers together, in bytes.

@@ -1,28 +1,5 @@
-"""``flashspec bench adaptive``: online arm selection against every fixed arm, on real workloads.
-
-Workloads (demo pair): ``humaneval`` (HumanEval prompts), ``copy`` (a held-out stdlib function
-followed by its own header under a new name: the continuation largely copies the prompt) and
-``mixed`` (both, shuffled into one stream). Each runs greedy and sampled (temperature 0.8,
-top-p 0.95).
-
-Fixed configurations: every (drafter, gamma) arm, plain decoding, each drafter with dynamic gamma
-and each model drafter with the confidence stop. Adaptive: every drafter plus plain decoding,
-chosen per round by the throughput model (which also picks the draft length), or by UCB1 or
-Thompson sampling (draft length by the +2/-1 heuristic); each adaptive engine carries what it
-learned through its workload's prompts in order, as a server would.
-
-One pass over the mixed stream runs, for each prompt, every fixed configuration (they keep no
-state between prompts, so their per-workload numbers are sums over the prompts of that
-workload), the adaptive engines of the mixed stream, and the adaptive engines of the prompt's
-own workload, in a fresh random order per prompt: everything is interleaved, so drift of the
-machine's speed hits every configuration alike. The sampled regime can make several passes with
-fresh seeds (``--seeds``): a sampled continuation, and with it its speed, differs from seed to
-seed, and one pass of 20 prompts per workload leaves intervals of about +-10%. Tokens/s = new
-tokens / seconds inside the engine's rounds, summed over a workload's prompts and passes. Next
-to the best fixed configuration (the largest of many noisy measurements, which overstates it)
-the summary gives the best one chosen on held-out prompts (``held_out_best``, which understates
-it), and the JSON keeps every run's tokens and seconds.
-"""
+"""``flashspec bench adaptive``: online (drafter, gamma) selection against every fixed arm on
+HumanEval, a prompt-copying workload and a mix of both (``adaptive.json``)."""
 
 from __future__ import annotations
 
@@ -40,13 +17,45 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from . import _argtypes, bench
-from ._bench_engine import _quiet_timing, _setup, encode
-from .bandit import Selector
-from .config import BanditConfig, FlashSpecConfig, SamplingConfig
-from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from .engine import SpeculativeEngine
-from .models import DEMO_DRAFT3_NAME, TargetModel, load_pretrained
+from .. import _argtypes
+from ..bandit import Selector
+from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
+from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from ..engine import SpeculativeEngine
+from ..models import DEMO_DRAFT3_NAME, TargetModel, load_pretrained
+from .common import (
+    Prompt,
+    held_out_stdlib_files,
+    humaneval_prompts,
+    machine_info,
+    progress,
+    quiet_timing,
+    write_json,
+)
+from .pair import encode, setup_pair
+
+# Workloads (demo pair): ``humaneval`` (HumanEval prompts), ``copy`` (a held-out stdlib function
+# followed by its own header under a new name: the continuation largely copies the prompt) and
+# ``mixed`` (both, shuffled into one stream). Each runs greedy and sampled (temperature 0.8,
+# top-p 0.95).
+#
+# Fixed configurations: every (drafter, gamma) arm, plain decoding, each drafter with dynamic gamma
+# and each model drafter with the confidence stop. Adaptive: every drafter plus plain decoding,
+# chosen per round by the throughput model (which also picks the draft length), or by UCB1 or
+# Thompson sampling (draft length by the +2/-1 heuristic); each adaptive engine carries what it
+# learned through its workload's prompts in order, as a server would.
+#
+# One pass over the mixed stream runs, for each prompt, every fixed configuration (they keep no
+# state between prompts, so their per-workload numbers are sums over the prompts of that
+# workload), the adaptive engines of the mixed stream, and the adaptive engines of the prompt's
+# own workload, in a fresh random order per prompt: everything is interleaved, so drift of the
+# machine's speed hits every configuration alike. The sampled regime can make several passes with
+# fresh seeds (``--seeds``): a sampled continuation, and with it its speed, differs from seed to
+# seed, and one pass of 20 prompts per workload leaves intervals of about +-10%. Tokens/s = new
+# tokens / seconds inside the engine's rounds, summed over a workload's prompts and passes. Next
+# to the best fixed configuration (the largest of many noisy measurements, which overstates it)
+# the summary gives the best one chosen on held-out prompts (``held_out_best``, which understates
+# it), and the JSON keeps every run's tokens and seconds.
 
 REGIMES: dict[str, SamplingConfig] = {
     "greedy": SamplingConfig(gamma=4),
@@ -61,15 +70,15 @@ SELECTORS = ("model", "ucb1", "thompson")
 # ---------------------------------------------------------------------------- the workloads
 
 
-def copy_prompts(limit: int, min_lines: int = 6, max_chars: int = 700) -> list[bench.Prompt]:
+def copy_prompts(limit: int, min_lines: int = 6, max_chars: int = 700) -> list[Prompt]:
     """A "rewrite this function under another name" workload from held-out stdlib files.
 
     Each prompt is one top-level function of a file the demo pair never trained on, two blank
     lines, and the same ``def`` line with ``_copy`` appended to the name: a model that has
     learned to copy continues with the body it has just seen.
     """
-    prompts: list[bench.Prompt] = []
-    for path in bench.held_out_stdlib_files():
+    prompts: list[Prompt] = []
+    for path in held_out_stdlib_files():
         source = path.read_text(encoding="utf-8", errors="replace")
         try:
             tree = ast.parse(source)
@@ -86,16 +95,14 @@ def copy_prompts(limit: int, min_lines: int = 6, max_chars: int = 700) -> list[b
             # "def name(" or "def name (": the header is the first line, name suffixed.
             header = body[0].replace(f"def {node.name}", f"def {node.name}_copy", 1)
             name = f"copy/{path.stem}.{node.name}"
-            prompts.append(bench.Prompt(name, "copy", f"{text}\n\n\n{header}\n"))
+            prompts.append(Prompt(name, "copy", f"{text}\n\n\n{header}\n"))
             break
         if len(prompts) >= limit:
             break
     return prompts
 
 
-def mixed_stream(
-    humaneval: list[bench.Prompt], copy: list[bench.Prompt], seed: int
-) -> list[bench.Prompt]:
+def mixed_stream(humaneval: list[Prompt], copy: list[Prompt], seed: int) -> list[Prompt]:
     """Both workloads in one seeded random order (each keeps its own relative order)."""
     kinds = ["humaneval"] * len(humaneval) + ["copy"] * len(copy)
     random.Random(seed).shuffle(kinds)
@@ -133,7 +140,7 @@ class Config:
     def run(self, workload: str, ids: list[int], max_new: int, seed: int, prompt: int) -> None:
         """Generate once; the run counts towards ``prompt`` (its place in the stream), whose
         runs under several seeds add up."""
-        with _quiet_timing():
+        with quiet_timing():
             result = self.engine.generate(ids, max_new_tokens=max_new, ignore_eos=True, seed=seed)
         stats = result.stats
         runs = self.per_prompt.setdefault(workload, {})
@@ -222,7 +229,7 @@ def run_regime(
     regime: str,
     target: TargetModel,
     drafters: list[Drafter],
-    stream: list[tuple[bench.Prompt, list[int]]],
+    stream: list[tuple[Prompt, list[int]]],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Every configuration over the mixed stream, interleaved per prompt."""
@@ -235,14 +242,12 @@ def run_regime(
         if config.kind == "adaptive":
             for selector in config.engine.selectors:
                 selector.reset()
-            if config.engine.model is not None:
-                config.engine.model.reset()
+            if config.engine.throughput is not None:
+                config.engine.throughput.reset()
     # Greedy output does not depend on the seed; a sampled one does, and so does its speed.
     seeds = 1 if REGIMES[regime].temperature == 0 else args.seeds
     passes = [(seed, position) for seed in range(seeds) for position in range(len(stream))]
-    for seed, position in bench.progress(
-        passes, desc=f"adaptive [{regime}]", disable=args.no_progress
-    ):
+    for seed, position in progress(passes, desc=f"adaptive [{regime}]", disable=args.no_progress):
         prompt, ids = stream[position]
         runs = [(config, prompt.source) for config in [*fixed, *adaptive[prompt.source]]]
         runs += [(config, "mixed") for config in adaptive["mixed"]]
@@ -439,12 +444,12 @@ def main(args: argparse.Namespace) -> int:
         args.prompts = min(args.prompts, 2)
         args.max_new_tokens = min(args.max_new_tokens, 32)
         args.regimes = "greedy"
-    machine = bench.machine_info()
+    machine = machine_info()
     args.draft = "none"
-    pair = _setup(args)
+    pair = setup_pair(args)
     target = TargetModel(model=pair.target, tokenizer=pair.tokenizer)
     drafters = load_drafters_for(args)
-    humaneval = bench.humaneval_prompts(args.prompts)
+    humaneval = humaneval_prompts(args.prompts)
     copy = copy_prompts(args.prompts)
     if len(copy) < args.prompts:
         print(f"only {len(copy)} copy prompts found", file=sys.stderr)
@@ -494,7 +499,7 @@ def main(args: argparse.Namespace) -> int:
     print("\ntargets:")
     for key, value in targets.items():
         print(f"  {key}: {value}")
-    bench.write_json(data, Path(args.out_dir) / f"{args.name}.json")
+    write_json(data, Path(args.out_dir) / f"{args.name}.json")
     return 0
 
 

@@ -1,28 +1,28 @@
-"""``flashspec bench recurrent``: speculative decoding on recurrent/hybrid models.
-
-Small random pairs of each supported stateful family (tiny configs, nothing downloaded): an
-8-layer target whose layers after the first contribute little (their output projections are
-scaled down), and a 1-layer draft that is the target's first layer with its embeddings and
-head (Qwen3-Next and Lfm2: two layers, the first attention layer included), so the draft
-agrees with the target often, as a trained pair would. Measured, interleaved per
-prompt: plain HF ``generate`` (greedy), flashspec with the state kept after full accepts, and
-flashspec always replaying (``FLASHSPEC_RECURRENT=replay``); plus how often the replay runs and
-what it costs per round. Writes ``recurrent.json``.
-"""
+"""``flashspec bench recurrent``: speculative decoding on small random recurrent/hybrid pairs
+against HF ``generate``, and what the state replay costs (``recurrent.json``)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import _argtypes
+from .. import _argtypes
+from .common import machine_info, progress, write_json
+
+# Small random pairs of each supported stateful family (tiny configs, nothing downloaded): an
+# 8-layer target whose layers after the first contribute little (their output projections are
+# scaled down), and a 1-layer draft that is the target's first layer with its embeddings and
+# head (Qwen3-Next and Lfm2: two layers, the first attention layer included), so the draft
+# agrees with the target often, as a trained pair would. Measured, interleaved per
+# prompt: plain HF ``generate`` (greedy), flashspec with the state kept after full accepts, and
+# flashspec always replaying (``FLASHSPEC_RECURRENT=replay``); plus how often the replay runs and
+# what it costs per round.
 
 FAMILIES = ("mamba2", "qwen3_next", "lfm2", "falcon_h1", "mamba", "falcon_mamba", "jamba")
 VOCAB = 256
@@ -142,11 +142,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _measure(family: str, args: argparse.Namespace, show: bool) -> dict[str, Any]:
-    from .bench import progress
-    from .config import FlashSpecConfig, SamplingConfig
-    from .drafters import ModelDrafter
-    from .engine import SpeculativeEngine
-    from .models import TargetModel
+    from ..config import FlashSpecConfig, SamplingConfig
+    from ..drafters import ModelDrafter
+    from ..engine import SpeculativeEngine
+    from ..models import TargetModel
 
     target, draft = pair(family, args.layers)
     target.generation_config.eos_token_id = None  # both sides generate max_new_tokens
@@ -205,8 +204,6 @@ def _measure(family: str, args: argparse.Namespace, show: bool) -> dict[str, Any
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark; print a table; write ``recurrent.json``."""
-    from .bench import machine_info, write_json
-
     torch.set_num_threads(1)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -228,8 +225,7 @@ def main(args: argparse.Namespace) -> int:
         "results": rows,
     }
     print(table(data))
-    write_json(data, Path(args.out_dir) / f"{args.name}.json")
-    print(f"wrote {Path(args.out_dir) / f'{args.name}.json'}", file=sys.stderr)
+    write_json(data, Path(args.out_dir) / f"{args.name}.json")  # says where it wrote
     return 0
 
 

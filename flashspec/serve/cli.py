@@ -1,7 +1,6 @@
-"""``flashspec serve``: its arguments and its command (the server itself is ``flashspec.server``).
+"""``flashspec serve``: its arguments and its command.
 
-Kept apart from ``flashspec.server`` so that ``flashspec --help`` and every other subcommand
-work without FastAPI installed; only running ``serve`` needs the ``[serve]`` extra.
+Imports no FastAPI until the command runs, so every other subcommand works without ``[serve]``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,8 @@ import ipaddress
 import sys
 from typing import Any
 
-from . import _argtypes
+from .. import _argtypes
+from ..options import EngineOptions, UserError
 
 
 def port(text: str) -> int:
@@ -44,15 +44,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "bundled demo pair."
         ),
     )
-    serve.add_argument(
-        "--target", default="demo", help="local directory or hub id (default: the demo target)"
-    )
-    serve.add_argument(
-        "--draft",
-        default=None,
-        help="draft model: local directory or hub id (default: the demo draft with the demo "
-        "target, prompt lookup otherwise)",
-    )
+    EngineOptions.add_arguments(serve, sampling=False)
     serve.add_argument(
         "--model-name",
         default=None,
@@ -86,29 +78,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
         "(default: $FLASHSPEC_API_KEY; neither: no authentication)",
     )
-    serve.add_argument(
-        "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)"
-    )
-    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
     serve.set_defaults(func=cmd_serve)
     return serve
-
-
-# The flags `flashspec serve` shares with `flashspec generate`; build_engine reads the rest
-# (sampling...) at generate's defaults, and each request brings its own sampling.
-ENGINE_FLAGS = ("target", "draft", "gamma", "device", "dtype")
-
-
-def engine_args(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` as the ``generate`` namespace that ``cli.build_engine`` reads."""
-    from .cli import build_parser
-
-    # Parsed rather than listed here, so flags added to generate later get their defaults.
-    namespace = build_parser().parse_args(["generate"])
-    for name in ENGINE_FLAGS:
-        setattr(namespace, name, getattr(args, name))
-    return namespace
 
 
 def _loopback(host: str) -> bool:
@@ -122,27 +93,28 @@ def _loopback(host: str) -> bool:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``flashspec serve``: build the engine, then serve it until interrupted."""
-    from .cli import UserError, _quiet_libraries, build_engine
+    from ..cli import quiet_libraries
 
     missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(
             f"flashspec serve needs {' and '.join(missing)}: pip install 'flashspec[serve]'"
         )
-    from . import server
+    from .run import bind, serve
+    from .service import API_KEY_ENV, resolve_api_key
 
-    api_key = server.resolve_api_key(args.api_key)
+    api_key = resolve_api_key(args.api_key)
     if not _loopback(args.host) and api_key is None:
         print(
             f"flashspec serve: warning: listening on {args.host} without an API key; anyone "
-            f"who can reach it can use it (set --api-key or {server.API_KEY_ENV})",
+            f"who can reach it can use it (set --api-key or {API_KEY_ENV})",
             file=sys.stderr,
         )
-    _quiet_libraries()
-    engine = build_engine(engine_args(args))
+    quiet_libraries()
+    engine = EngineOptions.from_args(args).build()
     model_name = args.model_name or args.target
     try:
-        listener = server.bind(args.host, args.port)
+        listener = bind(args.host, args.port)
     except OSError as exc:
         raise UserError(
             f"--host {args.host} --port {args.port}: cannot listen there "
@@ -156,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        server.serve(
+        serve(
             engine,
             sock=listener,
             model_name=model_name,

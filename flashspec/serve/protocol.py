@@ -1,19 +1,6 @@
 """Request bodies of ``flashspec serve``: pydantic models, their checks, and the error type.
 
-Every problem with a request becomes an ``ApiError``, which the server answers in OpenAI's
-error shape ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status, so no user
-input can produce a 500. Fields are checked strictly (no "5" for 5, no true for 1):
-
-- unknown fields are refused (400 naming the field), as OpenAI does, so a typo such as
-  ``max_token`` is not silently ignored;
-- fields of the OpenAI API that would change the output in ways the engine cannot honour
-  (``n > 1``, ``logprobs``, ``echo``, ``logit_bias``, penalties, tools...) are refused with a
-  400 naming the field, unless they carry their neutral value (``n: 1``, ``echo: false``);
-- harmless fields (``user``, ``metadata``, ``store``, ``service_tier``,
-  ``parallel_tool_calls``) are accepted and ignored.
-
-Bodies must be UTF-8 JSON objects: invalid UTF-8 (CESU-8 included), nesting deeper than the
-parser goes, and lone UTF-16 surrogates in any string are refused with a 400 too.
+Every problem with a request becomes an ``ApiError``: a 4xx in OpenAI's error shape, never a 500.
 """
 
 from __future__ import annotations
@@ -33,6 +20,18 @@ from pydantic import (
     StrictStr,
 )
 from pydantic import ValidationError as PydanticValidationError
+
+# The error shape is ``{"error": {"message", "type", "param", "code"}}``, always with a 4xx
+# status. Fields are checked strictly (no "5" for 5, no true for 1):
+# - unknown fields are refused (400 naming the field), as OpenAI does, so a typo such as
+#   ``max_token`` is not silently ignored;
+# - fields of the OpenAI API that would change the output in ways the engine cannot honour
+#   (``n > 1``, ``logprobs``, ``echo``, ``logit_bias``, penalties, tools...) are refused with a
+#   400 naming the field, unless they carry their neutral value (``n: 1``, ``echo: false``);
+# - harmless fields (``user``, ``metadata``, ``store``, ``service_tier``,
+#   ``parallel_tool_calls``) are accepted and ignored.
+# Bodies must be UTF-8 JSON objects: invalid UTF-8 (CESU-8 included), nesting deeper than the
+# parser goes, and lone UTF-16 surrogates in any string are refused with a 400 too.
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
@@ -355,8 +354,8 @@ def validation_error(exc: PydanticValidationError) -> ApiError:
     param = ".".join(str(part) for part in error["loc"]) if error["loc"] else None
     kind = error["type"]
     if kind == "extra_forbidden":
-        message = f"unrecognized request field {_shorten(param)}; remove it (see the README "
-        message += "for the fields this server supports)"
+        message = f"unrecognized request field {_shorten(param)}; remove it (docs/server-api.md "
+        message += "lists the fields this server supports)"
         return invalid(message, param=param, code="unknown_parameter")
     if kind == "missing":
         return invalid(f"{param} is required", param=param, code="missing_required_parameter")

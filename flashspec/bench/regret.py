@@ -1,21 +1,5 @@
-"""Synthetic regret of the arm selectors (``flashspec.bandit``) on Bernoulli arms.
-
-Reached as ``flashspec bench regret`` (see ``flashspec.bench``). K Bernoulli arms with fixed
-means; each run pulls for ``horizon`` rounds with UCB1 (c = 1, ``reward_scale=1.0``: textbook
-UCB1) and with Thompson sampling (Beta(1, 1) priors), on the same reward draws (common random
-numbers, so the two are compared on equal luck). Regret is the pseudo-regret
-``t·μ* - Σ_s μ(arm chosen at s)``, the quantity the Auer et al. (2002) UCB1 bound
-``Σ_{i: Δi > 0} 8 ln t / Δi + (1 + π²/3) Σ Δi`` bounds. Writes ``regret.json`` and
-``regret.png``.
-
-The issue asked to reproduce an earlier library's figures (K = 3, T = 10,000, UCB1 regret 100.2
-against a bound of about 526, Thompson 18.9) whose means were not recorded. No K = 3 setup
-with means on a 0.05 grid has a bound of 526 (``bound_search`` lists the nearest); the default
-means (0.9, 0.7, 0.4), gaps 0.2 and 0.5, have the nearest bound, 518.8.
-
-Only the standard library is imported at module level: ``flashspec``'s parser imports this
-module to add the command's arguments, and NumPy is not needed for that.
-"""
+"""``flashspec bench regret``: the arm selectors' synthetic regret on Bernoulli arms, against
+the Auer et al. UCB1 bound (``regret.json``, ``regret.png``)."""
 
 from __future__ import annotations
 
@@ -26,12 +10,27 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _argtypes
-from .bandit import Selector, ThompsonSelector, UCB1Selector
+from .. import _argtypes
+from ..bandit import Selector, ThompsonSelector, UCB1Selector
+from .common import DEFAULT_OUT, machine_info, progress, pyplot, write_json
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+# K Bernoulli arms with fixed means; each run pulls for ``horizon`` rounds with UCB1 (c = 1,
+# ``reward_scale=1.0``: textbook UCB1) and with Thompson sampling (Beta(1, 1) priors), on the same
+# reward draws (common random numbers, so the two are compared on equal luck). Regret is the
+# pseudo-regret ``t·μ* - Σ_s μ(arm chosen at s)``, the quantity the Auer et al. (2002) UCB1 bound
+# ``Σ_{i: Δi > 0} 8 ln t / Δi + (1 + π²/3) Σ Δi`` bounds.
+#
+# The issue asked to reproduce an earlier library's figures (K = 3, T = 10,000, UCB1 regret 100.2
+# against a bound of about 526, Thompson 18.9) whose means were not recorded. No K = 3 setup
+# with means on a 0.05 grid has a bound of 526 (``bound_search`` lists the nearest); the default
+# means (0.9, 0.7, 0.4), gaps 0.2 and 0.5, have the nearest bound, 518.8.
+#
+# Only the standard library (and the selectors) is imported at module level: ``flashspec``'s
+# parser imports this module to add the command's arguments, and NumPy is not needed for that.
 
 DEFAULT_MEANS = (0.9, 0.7, 0.4)
 DEFAULT_HORIZON = 10_000
@@ -91,8 +90,6 @@ def simulate(
 ) -> dict[str, npt.NDArray[np.float64]]:
     """Cumulative pseudo-regret, ``runs`` x ``horizon``, of each selector in ``SELECTORS``."""
     import numpy as np
-
-    from .bench import progress
 
     k = len(means)
     gaps = np.max(means) - np.asarray(means, dtype=np.float64)
@@ -189,8 +186,6 @@ def run_regret(
         cumulative regret at ``curve.t``, and the bound there) and ``reference``.
     """
     import numpy as np
-
-    from .bench import DEFAULT_OUT, machine_info, pyplot, write_json
 
     means = tuple(float(m) for m in means)
     _check(means, horizon, runs, seed, exploration)

@@ -1,0 +1,9 @@
+"""``python -m flashspec.bench ...``: the same as ``flashspec bench ...``."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import cli
+
+sys.exit(cli())

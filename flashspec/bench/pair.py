@@ -1,0 +1,83 @@
+"""The model pair the model benchmarks run: a target, an optional draft and the target's
+tokenizer, loaded with EOS switched off, and prompts encoded as the engine encodes them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..models import load_pretrained, resolve_model_path
+
+
+@dataclass
+class Pair:
+    """A target and (optionally) a draft model with the target's tokenizer, on CPU, float32."""
+
+    target: Any
+    draft: Any
+    tokenizer: Any
+    target_name: str
+    draft_name: str | None
+
+    @property
+    def pad_id(self) -> int:
+        for source in (self.tokenizer, self.target.config):
+            value = getattr(source, "pad_token_id", None)
+            if isinstance(value, int):
+                return value
+        return 0
+
+
+def load_pair(target: str, draft: str | None) -> Pair:
+    """Load both models (local paths, or ``demo``/``demo-draft``) and switch EOS off in their
+    generation configs, so that HF generates the full length like the engine with
+    ``ignore_eos``."""
+    target_model, tokenizer = load_pretrained(target)
+    draft_model = None
+    if draft is not None and draft.lower() != "none":
+        draft_model, _ = load_pretrained(draft)
+    return make_pair(
+        target_model,
+        draft_model,
+        tokenizer,
+        resolve_model_path(target),
+        resolve_model_path(draft) if draft_model is not None and draft else None,
+    )
+
+
+def make_pair(
+    target: Any, draft: Any, tokenizer: Any, target_name: str, draft_name: str | None
+) -> Pair:
+    """Wrap loaded models; EOS is switched off in their generation configs (see load_pair)."""
+    for model in (target, draft):
+        if model is not None:
+            model.eval()
+            model.generation_config.eos_token_id = None
+    return Pair(target, draft, tokenizer, target_name, draft_name)
+
+
+def encode(pair: Pair, text: str, max_tokens: int) -> list[int]:
+    """Token ids of ``text`` as the engine encodes it, keeping the last ``max_tokens`` (and a
+    leading BOS, if the tokenizer adds one)."""
+    ids = [int(t) for t in pair.tokenizer(text, add_special_tokens=True)["input_ids"]]
+    if len(ids) <= max_tokens:
+        return ids
+    bos = getattr(pair.tokenizer, "bos_token_id", None)
+    if bos is not None and ids[0] == bos:
+        return [bos, *ids[len(ids) - max_tokens + 1 :]]
+    return ids[len(ids) - max_tokens :]
+
+
+def setup_pair(args: argparse.Namespace) -> Pair:
+    """Quiet HF's logging, set ``args.threads`` torch threads (if given) and load
+    ``args.target`` / ``args.draft`` (``load_pair``)."""
+    hf_logging: Any = importlib.import_module("transformers.utils.logging")
+    # HF's assisted generation warns about its own internal arguments on every call.
+    hf_logging.set_verbosity_error()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return load_pair(args.target, args.draft)

@@ -1,0 +1,50 @@
+"""The engine: ``SpeculativeEngine`` and what a generation returns.
+
+One round, each step in one place (``SpeculativeEngine._round`` in ``loop``):
+
+0. choose   the policy (``flashspec.select.policy``) picks the drafter and draft length, or
+            plain decoding, from past rounds only;
+1. draft    ``drafter.propose(gamma)``: up to gamma tokens per row (incremental forwards on the
+            drafter's own cache);
+2. verify   ``target.verify``: one target forward over the uncached committed tokens (normally
+            just the pending one) plus the drafts;
+3. accept   ``sampling.accept_*``: accept/reject on the device, then ONE host read per round;
+4. commit   append the emitted tokens; every cache keeps the valid prefix (a crop for attention,
+            a restored snapshot for recurrent state: ``flashspec._state``);
+5. stop     EOS, stop strings, max_new_tokens, each row's context limit; stream the new text
+            (``stopping``);
+6. learn    the policy observes the round.
+
+Modules: ``loop`` (the engine), ``inputs`` (prompts, per-row limits), ``generation`` (the state
+of a running generation), ``stopping``, ``results`` (stats, result, stream).
+
+Batches run in lockstep. Each round every live row emits m + 1 tokens, where m is the smallest
+number of drafts accepted by any live row: its first m drafts, then the token at position m
+(its own accepted draft m if it accepted more than m, else the rule's replacement). This is
+exact: whether a row emits position i this round depends only on accept events at positions
+before i (of this and other rows, all independent of the token at i), and a token that reaches
+position i is distributed as the target's conditional there, whether it is an accepted draft,
+a residual draw or the bonus token. So every emitted token follows the target given the row's
+past, whichever round produced it. Rows keep equal lengths, so caches stay rectangular and one
+forward serves the whole batch. Rows that finish leave the batch (their cache rows are dropped).
+"""
+
+from __future__ import annotations
+
+from ..drafters import load_drafters
+from ..models import TargetModel
+from ..select.policy import Arm
+from .loop import SpeculativeEngine
+from .results import GenerationResult, GenerationStats, StreamChunk, TokenStream
+
+# TargetModel and load_drafters: the earlier library imported them from here.
+__all__ = [
+    "Arm",
+    "GenerationResult",
+    "GenerationStats",
+    "SpeculativeEngine",
+    "StreamChunk",
+    "TargetModel",
+    "TokenStream",
+    "load_drafters",
+]

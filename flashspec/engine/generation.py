@@ -1,0 +1,47 @@
+"""The state of one generation while it runs: the committed tokens of the live rows, each row's
+output so far, and the settings and limits of the call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import SamplingConfig
+from ..models import Padding
+from ..sampling import Warper
+from .results import GenerationStats
+
+
+@dataclass
+class Row:
+    """One prompt's output so far."""
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    streamed: int = 0  # characters of ``text`` already streamed
+    finish: str | None = None
+
+
+@dataclass
+class Generation:
+    """A generation in progress (the engine runs one at a time)."""
+
+    tokens: torch.Tensor  # (live rows, L) committed tokens, left padded
+    padding: Padding
+    live: list[int]  # batch index of each live row
+    rows: list[Row]
+    prompt_length: int
+    max_new_tokens: list[int]  # per batch row
+    limit: int | None
+    eos: frozenset[int]
+    stops: list[tuple[str, ...]]  # per batch row
+    decode: Callable[[list[int]], str] | None
+    live_text: bool  # decode every round (streaming, stop strings) rather than once at the end
+    generator: torch.Generator | None
+    sampling: SamplingConfig
+    warper: Warper
+    drafted_by: set[int] = field(default_factory=set)  # drafters that have run this generation
+    cancelled: set[int] = field(default_factory=set)  # batch rows; filled by TokenStream.cancel
+    stats: GenerationStats = field(default_factory=GenerationStats)

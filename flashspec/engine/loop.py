@@ -1,0 +1,460 @@
+"""SpeculativeEngine: the round loop. Each round reads straight through: choose, draft,
+verify, accept, commit, stop (see ``flashspec.engine`` for why it is exact)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..config import FlashSpecConfig, SamplingConfig
+from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
+from ..models import (
+    DEMO_DRAFT_NAME,
+    DEMO_NAME,
+    CausalLM,
+    TargetModel,
+    check_same_vocabulary,
+)
+from ..sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
+from ..select.bandit import Selector
+from ..select.policy import Arm, BanditPolicy, Outcome, Policy, ThroughputPolicy, make_policy
+from ..select.throughput import ThroughputModel
+from .generation import Generation
+from .inputs import Prompt, Stop, prepare
+from .results import GenerationResult, StreamChunk, TokenStream
+from .stopping import cancel_rows, finish_rows, row_room
+
+
+class SpeculativeEngine:
+    """Lossless speculative decoding over a HuggingFace causal LM.
+
+    Args:
+        config: engine settings (``FlashSpecConfig``).
+        drafters: one or more drafters (``ModelDrafter``, ``PromptLookupDrafter``...).
+        target: the model whose output is reproduced (``TargetModel``).
+        selector: chooses the arm each round (see ``arms``); by default the one
+            ``config.bandit`` describes, built when there is more than one arm.
+
+    Attributes:
+        policy: chooses each round's arm and learns from it (``flashspec.select.policy``).
+        arms: every drafter with every gamma of ``config.bandit.gammas``, then plain decoding
+            if ``config.bandit.plain``. The selector's arm i is ``arms[i]``.
+        selector: the bandit selector (None with a single arm or with ``throughput``).
+        selectors: the bandit selectors in use: ``[selector]``, or with
+            ``config.bandit.context == "lookup"`` one for rounds without a prompt-lookup match
+            and one for rounds with one.
+        throughput: the ``ThroughputModel`` choosing arms and draft lengths when
+            ``config.bandit.selector == "model"`` (the default) and there is more than one arm
+            and no ``selector`` was passed; else None. (``model`` is its earlier name.)
+
+    Raises:
+        ValueError: a model drafter with another vocabulary than the target's, or on another
+            device; a policy the drafters cannot serve (see ``make_policy``).
+    """
+
+    def __init__(
+        self,
+        config: FlashSpecConfig,
+        drafters: Sequence[Drafter] | Drafter,
+        target: TargetModel,
+        selector: Selector | None = None,
+    ) -> None:
+        if not isinstance(config, FlashSpecConfig):
+            raise TypeError(f"config must be a FlashSpecConfig, got {type(config).__name__}")
+        if not isinstance(target, CausalLM):
+            raise TypeError(
+                f"target must be a TargetModel, got {type(target).__name__}; "
+                "wrap a model: TargetModel(model=m)"
+            )
+        drafter_list = [drafters] if isinstance(drafters, Drafter) else list(drafters)
+        if not drafter_list:
+            raise ValueError("drafters is empty; pass at least one, e.g. [PromptLookupDrafter()]")
+        for drafter in drafter_list:
+            if not isinstance(drafter, Drafter):
+                raise TypeError(
+                    "drafters must be Drafter objects (see load_drafters), "
+                    f"got {type(drafter).__name__}"
+                )
+            if drafter.lm is not None:
+                check_same_vocabulary(target, drafter.lm)
+                if drafter.lm.device != target.device:
+                    raise ValueError(
+                        f"drafter {drafter.name!r} is on {drafter.lm.device} but the target "
+                        f"is on {target.device}; "
+                        "load both on the same device"
+                    )
+        self.config = config
+        self.drafters = drafter_list
+        self.target = target
+        # Kept across generations: what paid on the last prompts is the best prior for the
+        # next (a window forgets it when the workload changes).
+        self.policy: Policy = make_policy(config, drafter_list, selector)
+        sampling = config.sampling
+        self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
+        self._owner: object | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | torch.nn.Module | TargetModel | None = None,
+        drafters: Sequence[str | torch.nn.Module | Drafter] | None = None,
+        config: FlashSpecConfig | None = None,
+        *,
+        models: Mapping[str, torch.nn.Module] | None = None,
+        tokenizer: Any = None,
+        selector: Selector | None = None,
+    ) -> SpeculativeEngine:
+        """Build an engine from names.
+
+        Args:
+            target: local directory, hub id, loaded model or ``TargetModel``. ``None``/``"demo"``
+                name the bundled demo target (see ``resolve_model_path``).
+            drafters: names/paths/models/drafters (see ``load_drafters``); default: the demo
+                drafter ``"demo-draft"`` for the demo target, prompt lookup otherwise.
+            config: settings; ``config.device`` and ``config.dtype`` apply to every model.
+            models: already-loaded models by name, so nothing is downloaded.
+            tokenizer: the target's tokenizer when it cannot be loaded from ``target``.
+        """
+        config = config or FlashSpecConfig()
+        models = models or {}
+        if target is None and config.target_name is not None:
+            target = config.target_name
+        if drafters is None and config.drafter_name is not None:
+            drafters = [config.drafter_name]
+        if isinstance(target, TargetModel):
+            target_model = target
+        elif isinstance(target, torch.nn.Module):
+            target_model = TargetModel(
+                None, config.device, config.dtype, model=target, tokenizer=tokenizer
+            )
+        else:
+            target_model = TargetModel(
+                target,
+                config.device,
+                config.dtype,
+                model=models.get(target or ""),
+                tokenizer=tokenizer,
+            )
+        if drafters is None:
+            demo = target is None or target == DEMO_NAME
+            drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
+        drafter_list = load_drafters(
+            drafters, device=config.device, dtype=config.dtype, models=models
+        )
+        return cls(config, drafter_list, target_model, selector)
+
+    @property
+    def arms(self) -> list[Arm]:
+        """Every arm the policy may choose (see the class docstring)."""
+        return self.policy.arms
+
+    @property
+    def selectors(self) -> list[Selector]:
+        """The bandit selectors in use (empty without a bandit policy)."""
+        return self.policy.selectors if isinstance(self.policy, BanditPolicy) else []
+
+    @property
+    def selector(self) -> Selector | None:
+        """The bandit selector (the first of ``selectors``), or None."""
+        return self.selectors[0] if self.selectors else None
+
+    @property
+    def throughput(self) -> ThroughputModel | None:
+        """The throughput model choosing arms and draft lengths, or None."""
+        return self.policy.model if isinstance(self.policy, ThroughputPolicy) else None
+
+    @property
+    def model(self) -> ThroughputModel | None:
+        """The earlier name of ``throughput`` (the ``ThroughputModel``, not a neural model)."""
+        return self.throughput
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (None if unknown)."""
+        return self.target.tokenizer
+
+    # -- public entry points ------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt | None = None,
+        max_new_tokens: int | Sequence[int] | None = None,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        stop: Stop = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> GenerationResult:
+        """Generate a continuation of each prompt.
+
+        Args:
+            prompt: a string, a list of strings, token ids (list or (B, L) tensor; a tensor may be
+                given as ``input_ids`` instead).
+            max_new_tokens: new tokens per row at most (>= 0); one number for every row, or a
+                list with one per row. Default: ``config.max_new_tokens``, else 128.
+            attention_mask: (B, L) 1 for real tokens, 0 for padding (either side), for a tensor
+                prompt.
+            eos_token_id: id(s) that end a row; default: the target's. Ignored if ``ignore_eos``.
+            stop: string(s) that end a row once they appear in its new text (needs a tokenizer);
+                matches across round boundaries. Output keeps the stop string. A string or a
+                list of strings applies to every row; a list of ``None``/string/list items, one
+                per row, gives each row its own (e.g. ``[["\n\n"], None]``).
+            seed: seed for this call (default ``config.sampling.seed``).
+            sampling: settings for this call instead of ``config.sampling`` (temperature,
+                top-k/top-p, method, gamma...), e.g. one per request in a server.
+
+        Generation also ends at the target's context limit (``max_position_embeddings``):
+        the row is truncated there with finish reason ``"context_limit"``.
+        """
+        stream = self.stream(
+            prompt,
+            max_new_tokens,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            eos_token_id=eos_token_id,
+            ignore_eos=ignore_eos,
+            stop=stop,
+            seed=seed,
+            sampling=sampling,
+        )
+        stream._decode_at_end()
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(
+        self,
+        prompt: Prompt | None = None,
+        max_new_tokens: int | Sequence[int] | None = None,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        stop: Stop = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> TokenStream:
+        """Like ``generate``, but returns an iterator of ``StreamChunk`` yielded as rounds commit.
+
+        Arguments are checked here, before the first chunk. The final ``GenerationResult`` is
+        available as ``stream.result`` after iteration.
+        """
+        generation = prepare(
+            self.target,
+            self.config,
+            self.warper,
+            prompt,
+            max_new_tokens,
+            input_ids,
+            attention_mask,
+            eos_token_id,
+            ignore_eos,
+            stop,
+            seed,
+            sampling,
+        )
+        return TokenStream(self._run(generation), generation)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _run(self, gen: Generation) -> Generator[list[StreamChunk], None, GenerationResult]:
+        # Caches live in the models, so an engine runs one generation at a time.
+        owner = object()
+        self._owner = owner
+        self.target.reset()
+        for drafter in self.drafters:
+            drafter.reset()
+        self.policy.start(gen.sampling)
+        while gen.live:
+            if self._owner is not owner:
+                raise RuntimeError(
+                    "another generation started on this engine while this stream was being "
+                    "read; an engine runs one generation at a time (use one engine per stream)"
+                )
+            if gen.cancelled:
+                cancelled, keep = cancel_rows(gen)
+                if cancelled:
+                    self._drop_rows(gen, keep)
+                    yield cancelled
+                if not gen.live:
+                    break
+            # Inference mode per round, not around the yield: the consumer's code between
+            # chunks must not run inside it.
+            with torch.inference_mode():
+                chunks = self._round(gen)
+            if chunks:
+                yield chunks
+        return self._result(gen)
+
+    def _round(self, gen: Generation) -> list[StreamChunk]:
+        start = time.perf_counter()
+        stats = gen.stats
+        length = gen.tokens.shape[1]
+        generated = length - gen.prompt_length  # the same for every live row (lockstep)
+        # Each row's own room: its max_new_tokens, and the context limit counted from its own
+        # length (not the padded width, or a long prompt would cut the short rows beside it).
+        room = max(
+            row_room(gen, index, left, generated, length)
+            for index, left in zip(gen.live, gen.padding.lefts, strict=True)
+        )
+        rows = len(gen.live)
+
+        # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
+        choice = self.policy.choose(gen.tokens, gen.padding, rows, room, self.target.cached > 0)
+        # Choosing costs the same whichever arm wins, so the throughput model counts it with
+        # the target side of the round, not as drafting: spread over the drafts it made every
+        # draft look dearer and drafts shorter than the best.
+        chosen_at = time.perf_counter()
+
+        # 1. draft
+        proposal, setup = self._draft(gen, choice.arm.drafter, choice.gamma, choice.learn)
+        drafted_at = time.perf_counter()
+
+        # 2. verify
+        logits = self.target.verify(
+            gen.tokens[:, self.target.cached :], proposal.tokens, gen.padding
+        )
+        verified_at = time.perf_counter()
+
+        # 3. accept / reject, and the round's single host read
+        acceptance = self._accept(gen, logits, proposal)
+        g = proposal.count
+        host: list[list[int]] = torch.cat(
+            [proposal.tokens, acceptance.token.unsqueeze(1), acceptance.accepted.unsqueeze(1)],
+            dim=1,
+        ).tolist()
+        m = min(row[g + 1] for row in host)  # lockstep: every row emits m + 1
+        accepted_at = time.perf_counter()
+
+        # 4. commit: append the emitted tokens; every cache keeps the valid prefix only
+        emitted = torch.cat([proposal.tokens[:, :m], acceptance.token.unsqueeze(1)], dim=1)
+        gen.tokens = torch.cat([gen.tokens, emitted], dim=1)
+        self.target.commit(gen.tokens, gen.padding)
+        valid = gen.tokens.shape[1] - 1  # the newest token has no keys/values anywhere yet
+        for each in self.drafters:
+            each.commit(valid)
+        stats.rounds += 1
+        stats.row_rounds += rows
+        stats.drafted += g * rows
+        stats.accepted += sum(m + (row[g + 1] > m) for row in host)
+        stats.emitted += (m + 1) * rows
+        label = choice.arm.label
+        stats.arm_rounds[label] = stats.arm_rounds.get(label, 0) + 1
+        stats.replays = self.target.replays
+        stats.replayed_tokens = self.target.replayed_tokens
+        stats.time_replay = self.target.replay_seconds
+
+        # 5. stop and stream
+        chunks, keep = finish_rows(gen, [[*row[:m], row[g]] for row in host])
+        if len(keep) < len(gen.live):
+            self._drop_rows(gen, keep)
+        end = time.perf_counter()
+
+        # 6. learn; the round's time includes it: it is the policy's own cost
+        self.policy.observe(
+            choice,
+            Outcome(
+                drafted=g,
+                accepted=m,
+                probability=acceptance.probability,
+                rows=rows,
+                draft_seconds=drafted_at - chosen_at - setup,
+                other_seconds=(chosen_at - start) + (end - drafted_at),
+                seconds=end - start - setup,
+            ),
+        )
+        stats.time_draft += drafted_at - start
+        stats.time_verify += verified_at - drafted_at
+        stats.time_accept += accepted_at - verified_at
+        stats.time_total += time.perf_counter() - start
+        return chunks
+
+    def _draft(
+        self, gen: Generation, index: int | None, gamma: int, learn: bool
+    ) -> tuple[Proposal, float]:
+        """Drafter ``index``'s proposal of up to ``gamma`` tokens per row (none for plain
+        decoding), and the seconds of its first reading of the generation's tokens."""
+        if index is None or gamma <= 0:
+            return Proposal(gen.tokens.new_empty((gen.tokens.shape[0], 0))), 0.0
+        began = time.perf_counter()
+        drafter = self.drafters[index]
+        ctx = self._draft_context(gen, drafter)
+        setup = 0.0
+        if index not in gen.drafted_by:
+            # A drafter reads the prompt (and the tokens since) when it is first chosen in a
+            # generation, not up front: one never chosen costs nothing (the 3-layer demo
+            # draft's prefill was ~0.6% of a sampled generation it took no round of). The
+            # policy does not learn that reading as the arm's cost, or a drafter first chosen
+            # late would look dearer than it is.
+            gen.drafted_by.add(index)
+            if learn:
+                drafter.prefill(ctx)
+                setup = time.perf_counter() - began
+        return drafter.propose(ctx, gamma), setup
+
+    def _draft_context(self, gen: Generation, drafter: Drafter) -> DraftContext:
+        warper = (
+            gen.warper if gen.warper.greedy else with_temperature(gen.warper, drafter.temperature)
+        )
+        return DraftContext(
+            tokens=gen.tokens,
+            padding=gen.padding,
+            warper=warper,
+            generator=gen.generator,
+            confidence_threshold=gen.sampling.confidence_threshold,
+            residual=gen.sampling.residual,
+        )
+
+    @staticmethod
+    def _accept(gen: Generation, logits: torch.Tensor, proposal: Proposal) -> Acceptance:
+        sampling = gen.sampling
+        generator = gen.generator
+        method = sampling.resolved_method
+        if method == "greedy":
+            return accept_greedy(logits, proposal.tokens)
+        p = gen.warper.probs(logits)
+        if method == "typical":
+            return accept_typical(
+                p, proposal.tokens, generator, sampling.typical_epsilon, sampling.typical_delta
+            )
+        return accept_rejection(p, proposal.probs, proposal.tokens, generator, sampling.residual)
+
+    def _drop_rows(self, gen: Generation, keep: list[int]) -> None:
+        """Only the rows at positions ``keep`` of ``gen.live`` go on (tokens, padding, caches)."""
+        gen.live = [gen.live[i] for i in keep]
+        if not keep:
+            return
+        index = torch.tensor(keep, dtype=torch.int64, device=gen.tokens.device)
+        gen.tokens = gen.tokens.index_select(0, index)
+        gen.padding = gen.padding.select(index)
+        self.target.select_rows(index)
+        for drafter in self.drafters:
+            drafter.select_rows(index)
+
+    def _result(self, gen: Generation) -> GenerationResult:
+        width = max((len(row.tokens) for row in gen.rows), default=0)
+        output = torch.full((len(gen.rows), width), -1, dtype=torch.int64)
+        for i, row in enumerate(gen.rows):
+            if row.tokens:
+                output[i, : len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.int64)
+        texts = None
+        if gen.decode is not None:
+            if not gen.live_text:
+                for row in gen.rows:
+                    row.text = gen.decode(row.tokens)
+            texts = [row.text for row in gen.rows]
+        return GenerationResult(
+            output_ids=output,
+            tokens=[list(row.tokens) for row in gen.rows],
+            texts=texts,
+            finish_reasons=[row.finish or "length" for row in gen.rows],
+            stats=gen.stats,
+        )

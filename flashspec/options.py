@@ -1,0 +1,304 @@
+"""Engine options: the flags that build an engine from the command line, in one place.
+
+``flashspec generate`` and ``flashspec serve`` add them with ``EngineOptions.add_arguments``
+and build with ``EngineOptions.from_args(args).build()``; a field reads one flag, and the
+errors name the flag the user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from . import _argtypes
+
+
+class UserError(Exception):
+    """A problem the user can fix; the command prints it as one line (exit status 2)."""
+
+
+@dataclass
+class EngineOptions:
+    """How to build the engine: models, drafting, sampling, selection, device.
+
+    Attributes mirror the flags (``--top-p`` is ``top_p``); see ``add_arguments``.
+    """
+
+    target: str = "demo"
+    draft: str | None = None
+    drafter: str | None = None  # "model", "prompt-lookup" or None (the default for the target)
+    gamma: int = 4
+    adaptive: bool = False
+    selector: str = "model"
+    dynamic_gamma: bool = False
+    confidence: float | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    method: str = "auto"
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    # The sampling flags: ``flashspec serve`` leaves them out (each request brings its own).
+    SAMPLING = ("temperature", "top_p", "top_k", "seed", "method")
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, *, sampling: bool = True) -> None:
+        """Add the engine flags to ``parser`` (without the sampling ones if not ``sampling``)."""
+        parser.add_argument(
+            "--target", default="demo", help="local directory or hub id (default: the demo target)"
+        )
+        parser.add_argument(
+            "--draft",
+            default=None,
+            help="draft model: local directory or hub id (default: the demo draft with the demo "
+            "target, prompt lookup otherwise)",
+        )
+        parser.add_argument(
+            "--drafter",
+            choices=("model", "prompt-lookup"),
+            default=None,
+            help="'prompt-lookup' drafts by copying n-grams from the context (no draft model)",
+        )
+        parser.add_argument(
+            "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)"
+        )
+        parser.add_argument(
+            "--adaptive",
+            action="store_true",
+            help="choose the drafter and draft length each round, online, among every drafter "
+            "(the draft model(s) and prompt lookup) and plain decoding",
+        )
+        parser.add_argument(
+            "--selector",
+            choices=("model", "ucb1", "thompson"),
+            default="model",
+            help="how --adaptive chooses: model (default; predicts each drafter's tokens/s from "
+            "its measured acceptance and cost, and picks the draft length too), or the bandits "
+            "ucb1 / thompson (with the --dynamic-gamma heuristic for the draft length)",
+        )
+        parser.add_argument(
+            "--dynamic-gamma",
+            action="store_true",
+            help="adapt the draft length: +2 after a fully accepted round, -1 otherwise",
+        )
+        parser.add_argument(
+            "--confidence",
+            type=_argtypes.probability,
+            default=None,
+            help="a draft model stops drafting once its top probability falls below this "
+            "(e.g. 0.4)",
+        )
+        if sampling:
+            parser.add_argument(
+                "--temperature",
+                type=_argtypes.temperature,
+                default=0.0,
+                help="0 = greedy (default)",
+            )
+            parser.add_argument(
+                "--top-p", type=_argtypes.top_p, default=1.0, help="nucleus mass, 1 = off"
+            )
+            parser.add_argument(
+                "--top-k", type=_argtypes.nonnegative_int, default=0, help="0 = off"
+            )
+            parser.add_argument(
+                "--seed", type=_argtypes.integer, default=None, help="seed for sampling"
+            )
+            parser.add_argument(
+                "--method",
+                "--variant",  # the earlier name, kept as an alias
+                dest="method",
+                choices=("auto", "rejection", "greedy", "typical"),
+                default="auto",
+                help="acceptance rule (SamplingConfig.method): auto (greedy at temperature 0, "
+                "rejection otherwise), rejection (lossless sampling), greedy, typical (lossy, "
+                "faster)",
+            )
+        parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+        parser.add_argument(
+            "--dtype", default="float32", help="float32 (default), bfloat16, float16"
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineOptions:
+        """The options in a namespace ``add_arguments`` parsed into (flags it did not add keep
+        their defaults)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def build(self) -> Any:
+        """The engine these options describe.
+
+        Raises:
+            UserError: bad flag combinations or values, missing or unloadable models, a model
+                flashspec cannot run exactly, vocabulary mismatch.
+        """
+        from .config import BanditConfig, FlashSpecConfig, SamplingConfig
+        from .drafters import PromptLookupDrafter, load_drafters
+        from .engine import SpeculativeEngine
+        from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
+
+        if self.drafter == "prompt-lookup" and self.draft is not None:
+            raise UserError(
+                "--drafter prompt-lookup needs no draft model; drop --draft or --drafter"
+            )
+        try:
+            config = FlashSpecConfig(
+                sampling=SamplingConfig(
+                    gamma=self.gamma,
+                    temperature=self.temperature,
+                    top_k=self.top_k,
+                    top_p=self.top_p,
+                    method=self.method,  # type: ignore[arg-type]  # argparse choices
+                    seed=self.seed,
+                    dynamic_gamma=self.dynamic_gamma
+                    or (self.adaptive and self.selector != "model"),
+                    confidence_threshold=self.confidence,
+                ),
+                bandit=BanditConfig(
+                    selector=self.selector,  # type: ignore[arg-type]  # argparse choices
+                    plain=self.adaptive,
+                    context="lookup" if self.adaptive else "none",
+                ),
+                device=self.device,
+                dtype=self.dtype,
+            )
+        except (ValueError, TypeError) as exc:
+            raise UserError(_flag_message(str(exc))) from None
+
+        _check_device(config.device)
+
+        draft: str | None = self.draft
+        if draft is None and self.drafter != "prompt-lookup" and self.target == DEMO_NAME:
+            draft = DEMO_DRAFT_NAME
+        if draft is None and self.drafter == "model":
+            raise UserError("--drafter model needs --draft PATH (a draft model for this target)")
+        check_model_name(self.target, "--target")
+        if draft is not None:
+            check_model_name(draft, "--draft")
+
+        names = [] if draft is None else [draft]
+        if self.adaptive and self.draft is None and self.target == DEMO_NAME:
+            names = [DEMO_DRAFT_NAME, DEMO_DRAFT3_NAME]  # both demo drafters: real arms to choose
+            for name in names[1:]:
+                check_model_name(name, "--adaptive")
+
+        with _load_errors(self.target, "--target"):
+            target = TargetModel(self.target, config.device, config.dtype)
+        drafters: list[Any] = []
+        for name in names:
+            with _load_errors(name, "--draft"):
+                drafters += load_drafters([name], device=config.device, dtype=config.dtype)
+        if not drafters or self.adaptive:
+            drafters.append(PromptLookupDrafter())
+        try:
+            return SpeculativeEngine(config, drafters, target)
+        except ValueError as exc:
+            # The engine's vocabulary check; its message already says what to use instead.
+            raise UserError(first_line(exc)) from None
+
+
+def _looks_local(name: str) -> bool:
+    """A name meant as a filesystem path rather than a hub id ("org/model")."""
+    return (
+        name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def check_model_name(name: str, flag: str) -> None:
+    """Fail early, in one line, for a local path that holds no model.
+
+    Raises:
+        UserError: the path is missing or holds no config.json.
+    """
+    from .models import DEMO_NAMES, resolve_model_path
+
+    if name in DEMO_NAMES:
+        try:
+            resolve_model_path(name)
+        except FileNotFoundError as exc:
+            raise UserError(str(exc)) from None
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"{flag} {name}: the directory has no config.json; pass a directory saved with "
+                "save_pretrained (config.json + weights + tokenizer files)"
+            )
+        return
+    if path.exists() or _looks_local(name):
+        raise UserError(
+            f"{flag} {name}: no model directory there; pass a directory saved with "
+            "save_pretrained, or a hub id such as org/model"
+        )
+
+
+@contextlib.contextmanager
+def _load_errors(name: str, flag: str) -> Iterator[None]:
+    """Turn loader exceptions for ``name`` into one-line UserErrors."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (OSError, ValueError) as exc:
+        if Path(name).expanduser().exists():
+            raise UserError(
+                f"{flag} {name}: cannot load the model there: {first_line(exc)}"
+            ) from None
+        if _offline():
+            raise UserError(
+                f"{flag} {name}: not a local directory, and it is not in the local Hugging Face "
+                "cache while the hub is offline (HF_HUB_OFFLINE=1); download it on a machine "
+                f"with network (huggingface-cli download {name}) and pass the local directory"
+            ) from None
+        raise UserError(
+            f"{flag} {name}: not a local directory, and it could not be fetched from the "
+            f"Hugging Face hub ({first_line(exc)}); check the id and your network, or pass a "
+            "local directory"
+        ) from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name if it has none)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
+            "use --device cpu"
+        )
+
+
+def _flag_message(message: str) -> str:
+    """Config errors name dataclass fields; say the flag the user typed instead."""
+    for field, flag in (
+        ("SamplingConfig.method", "--method"),
+        ("SamplingConfig.top_p", "--top-p"),
+        ("SamplingConfig.top_k", "--top-k"),
+        ("SamplingConfig.", "--"),
+        ("FlashSpecConfig.", "--"),
+    ):
+        message = message.replace(field, flag)
+    return message.replace("method=", "--method ").replace("temperature=", "--temperature ")

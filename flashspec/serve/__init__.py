@@ -1,0 +1,89 @@
+"""``flashspec serve``: an OpenAI-compatible HTTP server over a ``SpeculativeEngine``.
+
+Lazy re-exports (PEP 562), so that ``flashspec.serve.cli`` loads without the ``[serve]`` extra.
+"""
+
+# The modules, one job each; imports go one way, from the top of this list down:
+#   run          serve(), ServerThread, bind(), uvicorn_config(): running the app with uvicorn
+#   app          create_app(): routes, OpenAI-shaped errors, request metrics, lifespan
+#   completions  POST /v1/completions: request -> prepared jobs -> response
+#   chat         POST /v1/chat/completions: conversation -> prepared job -> response
+#   responses    OpenAI's response bodies and stream chunks; server-sent events
+#   generation   one request's jobs on the worker: events, stop-string trimming, timeouts
+#   service      what the routes share (engine facts, worker, metrics, limits) and its checks
+#   protocol     request models, their validation, ApiError
+#   worker       the engine thread that batches jobs
+#   metrics      Prometheus counters, gauges, histograms
+#   http         uvicorn's h11 protocol with a header deadline
+#   cli          the ``flashspec serve`` subcommand (imports the rest only when it runs)
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "ServerThread": ".run",
+    "bind": ".run",
+    "serve": ".run",
+    "uvicorn_config": ".run",
+    "create_app": ".app",
+    "FALLBACK_CHAT_STOP": ".chat",
+    "StopTrimmer": ".generation",
+    "API_KEY_ENV": ".service",
+    "DEFAULT_BODY_TIMEOUT_S": ".service",
+    "DEFAULT_MAX_BODY_BYTES": ".service",
+    "resolve_api_key": ".service",
+    "ApiError": ".protocol",
+    "Metrics": ".metrics",
+    "server_metrics": ".metrics",
+    "DEFAULT_HEADER_TIMEOUT_S": ".http",
+    "DEFAULT_MAX_HEADER_BYTES": ".http",
+}
+
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_BODY_TIMEOUT_S",
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_HEADER_BYTES",
+    "FALLBACK_CHAT_STOP",
+    "ApiError",
+    "Metrics",
+    "ServerThread",
+    "StopTrimmer",
+    "bind",
+    "create_app",
+    "resolve_api_key",
+    "serve",
+    "server_metrics",
+    "uvicorn_config",
+]
+
+if TYPE_CHECKING:
+    from .app import create_app
+    from .chat import FALLBACK_CHAT_STOP
+    from .generation import StopTrimmer
+    from .http import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES
+    from .metrics import Metrics, server_metrics
+    from .protocol import ApiError
+    from .run import ServerThread, bind, serve, uvicorn_config
+    from .service import (
+        API_KEY_ENV,
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_MAX_BODY_BYTES,
+        resolve_api_key,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,115 @@
+"""``POST /v1/chat/completions``: a conversation to one prepared job, its choice to the answer.
+
+Without a chat template, a plain ``role: content`` transcript that ``FALLBACK_CHAT_STOP`` ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import responses
+from .generation import Generation, Prepared
+from .protocol import ApiError, ChatRequest, invalid, message_text, parse_body, stop_strings
+from .responses import Envelope
+from .service import Service
+
+ENDPOINT = "/v1/chat/completions"
+# The fallback chat format (no chat template): the model would go on to write the user's
+# next turn; this stop string ends the reply there.
+FALLBACK_CHAT_STOP = "\nuser:"
+
+
+def prepare(service: Service, request: ChatRequest) -> Prepared:
+    """The chat prompt (chat template or the fallback format), limits and sampling."""
+    service.check_model(request.model)
+    stops = stop_strings(request.stop)
+    conversation: list[dict[str, str]] = []
+    for i, m in enumerate(request.messages):
+        turn = {"role": m.role, "content": message_text(m, i)}
+        if m.tool_call_id is not None:
+            turn["tool_call_id"] = m.tool_call_id
+        conversation.append(turn)
+    service.check_chars(sum(len(turn["content"]) for turn in conversation), "messages")
+    tokenizer = service.tokenizer
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:
+            raise invalid(
+                f"messages: the model's chat template refused them: {exc}", param="messages"
+            ) from None
+        # The template writes any special tokens (BOS...) itself.
+        ids = service.encode(str(text), special=False)
+    else:
+        lines = [f"{m['role']}: {m['content']}" for m in conversation]
+        ids = service.encode("\n".join([*lines, "assistant:"]), special=True)
+        stops = tuple(dict.fromkeys((*stops, FALLBACK_CHAT_STOP)))
+    requested = request.max_completion_tokens or request.max_tokens
+    if requested != (request.max_tokens or requested):
+        raise invalid(
+            "max_tokens and max_completion_tokens differ; send only max_completion_tokens",
+            param="max_tokens",
+        )
+    max_tokens = service.max_tokens_for(len(ids), requested, None, "messages")
+    sampling, seed, group = service.sampling_for(request)
+    return Prepared(
+        prompts=[ids],
+        stops=[stops],
+        max_tokens=[max_tokens],
+        sampling=sampling,
+        seed=seed,
+        group=group,
+        stream=bool(request.stream),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+    )
+
+
+def prepare_body(service: Service, raw: bytes) -> Prepared:
+    """Parse, check and tokenize a raw request body (on the service's preparing thread)."""
+    return prepare(service, parse_body(raw, ChatRequest))
+
+
+async def create(service: Service, request: Request) -> Response:
+    """Answer one /v1/chat/completions request, whole or as server-sent events."""
+    arrived = time.perf_counter()
+    service.authorize(request)
+    raw = await service.read_body(request)
+    loop = asyncio.get_running_loop()
+    prepared = await loop.run_in_executor(service.preparer, prepare_body, service, raw)
+    envelope = Envelope(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), service.model_name)
+    generation = Generation(service, prepared, ENDPOINT, arrived)
+    if not prepared.stream:
+        if not await generation.complete(request):
+            # The client left: nobody reads this; 499 is what the metrics record.
+            return Response(status_code=499)
+        return JSONResponse(
+            responses.chat_completion(envelope, generation.choices, generation.usage())
+        )
+    return responses.EventStream(
+        _events(generation, envelope), lambda: generation.cancel("disconnect")
+    )
+
+
+async def _events(generation: Generation, envelope: Envelope) -> AsyncIterator[str]:
+    include_usage = generation.prepared.include_usage
+    for index in range(len(generation.choices)):
+        yield responses.sse(responses.chat_opening_chunk(envelope, index, include_usage))
+    async with contextlib.aclosing(generation.deltas()) as deltas:
+        async for delta in deltas:
+            if isinstance(delta, ApiError):
+                yield responses.sse(delta.body())
+                return
+            yield responses.sse(responses.chat_chunk(envelope, delta, include_usage))
+    if include_usage:
+        yield responses.sse(responses.chat_usage_chunk(envelope, generation.usage()))
+    yield responses.SSE_DONE
+    generation.observe_latency()

@@ -1,0 +1,289 @@
+"""One request's generations on the engine worker: from a prepared request to its choices.
+
+The worker's events fold into per-prompt ``Choice`` state; timeout, error or departure end it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+
+from .protocol import ApiError
+from .worker import Event, Job, QueueFull
+
+if TYPE_CHECKING:
+    from ..config import SamplingConfig
+    from .service import Service
+
+# How often a non-streaming handler checks whether its client is still connected.
+DISCONNECT_POLL_S = 0.25
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_limit": "length"}
+
+
+class StopTrimmer:
+    """Turns a row's text deltas into OpenAI's: without the stop string that ended the row.
+
+    The engine keeps a stop string in its output; OpenAI's API leaves it out. Text that could
+    be the beginning of a stop string is held back until the next delta shows it is not.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.text = ""
+        self.sent = 0
+
+    def feed(self, delta: str, finish_reason: str | None) -> str:
+        """Add the engine's delta; return the text that can be sent now."""
+        self.text += delta
+        end = len(self.text)
+        if finish_reason == "stop":
+            hits = [found for s in self.stops if (found := self.text.find(s)) >= 0]
+            end = min(hits, default=end)
+        elif finish_reason is None:
+            end -= self._held()
+        out = self.text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return out
+
+    def _held(self) -> int:
+        """Length of the longest end of the text that begins some stop string."""
+        for size in range(min(max((len(s) for s in self.stops), default=0), len(self.text)), 0, -1):
+            tail = self.text[-size:]
+            if any(s.startswith(tail) and len(s) > size for s in self.stops):
+                return size
+        return 0
+
+
+@dataclass
+class Prepared:
+    """A request reduced to what the worker needs."""
+
+    prompts: list[list[int]]
+    stops: list[tuple[str, ...]]
+    max_tokens: list[int]
+    sampling: SamplingConfig
+    seed: int | None
+    group: Hashable
+    stream: bool
+    include_usage: bool
+
+
+@dataclass
+class Choice:
+    """Per-prompt state of one request."""
+
+    job: Job
+    trimmer: StopTrimmer
+    text: str = ""
+    tokens: int = 0
+    finish_reason: str | None = None
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text of one choice, as a stream sends it (``finish_reason`` set on its last)."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+class Generation:
+    """A prepared request's jobs, queued on the worker as soon as this is built.
+
+    Raises:
+        ApiError: 503 with Retry-After when the worker's queue is full.
+    """
+
+    def __init__(self, service: Service, prepared: Prepared, endpoint: str, arrived: float) -> None:
+        self.service = service
+        self.prepared = prepared
+        self.endpoint = endpoint
+        self.arrived = arrived
+        self.deadline = arrived + service.timeout_s
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+        def deliverer(index: int) -> Callable[[Event], None]:
+            def deliver(event: Event) -> None:
+                # From the worker thread: hand over to the loop that owns the queue.
+                with contextlib.suppress(RuntimeError):  # the loop closed: server shutdown
+                    loop.call_soon_threadsafe(self.events.put_nowait, (index, event))
+
+            return deliver
+
+        self.choices = [
+            Choice(
+                job=Job(
+                    prompt_ids=ids,
+                    max_tokens=max_tokens,
+                    stop=stops,
+                    sampling=prepared.sampling,
+                    seed=prepared.seed,
+                    group=prepared.group,
+                    deliver=deliverer(i),
+                ),
+                trimmer=StopTrimmer(stops),
+            )
+            for i, (ids, stops, max_tokens) in enumerate(
+                zip(prepared.prompts, prepared.stops, prepared.max_tokens, strict=True)
+            )
+        ]
+        worker = service.worker
+        try:
+            worker.submit([choice.job for choice in self.choices])
+        except QueueFull:
+            retry = worker.retry_after_s()
+            raise ApiError(
+                503,
+                f"the server is busy: {worker.max_queue} generations are already waiting; "
+                f"retry in about {retry} s",
+                type="server_overloaded",
+                code="queue_full",
+                headers={"Retry-After": str(retry)},
+            ) from None
+        service.metrics.inc("prompt_tokens_total", sum(len(ids) for ids in prepared.prompts))
+
+    @property
+    def done(self) -> bool:
+        """Whether every choice has finished."""
+        return all(choice.done for choice in self.choices)
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the jobs of the choices that have not finished."""
+        for choice in self.choices:
+            if not choice.done:
+                self.service.worker.cancel(choice.job, reason)
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI's usage object."""
+        prompt = sum(len(ids) for ids in self.prepared.prompts)
+        completion = sum(choice.tokens for choice in self.choices)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def timeout_error(self) -> ApiError:
+        """504 for a request that ran past the server's ``timeout_s``."""
+        return ApiError(
+            504,
+            "the generation did not finish within the server's timeout of "
+            f"{self.service.timeout_s:g} s (queueing included); lower max_tokens or retry later",
+            type="timeout_error",
+            code="timeout",
+        )
+
+    def observe_first_token(self) -> None:
+        """Record the time from the request's arrival to its first text."""
+        self.service.metrics.observe(
+            "time_to_first_token_seconds", time.perf_counter() - self.arrived
+        )
+
+    def observe_latency(self) -> None:
+        """Record the time from the request's arrival to its end."""
+        self.service.metrics.observe(
+            "request_latency_seconds", time.perf_counter() - self.arrived, endpoint=self.endpoint
+        )
+
+    @staticmethod
+    def apply(choice: Choice, event: Event) -> str:
+        """Fold an event into its choice; return the text to send (stop strings trimmed)."""
+        if event.error is not None:
+            choice.done = True
+            raise ApiError(500, event.error, type="server_error", code="generation_failed")
+        if event.finish_reason == "cancelled":
+            # Not by this request (it would have stopped listening): the server is stopping.
+            choice.done = True
+            raise ApiError(
+                503, "the server is shutting down", type="server_error", code="shutting_down"
+            )
+        text = choice.trimmer.feed(event.text, event.finish_reason)
+        choice.text += text
+        choice.tokens += event.tokens
+        if event.finish_reason is not None:
+            choice.done = True
+            choice.finish_reason = FINISH_REASONS.get(event.finish_reason, "stop")
+        return text
+
+    async def complete(self, request: Request) -> bool:
+        """Run every choice to its end; False if the client left first (nobody to answer).
+
+        Raises:
+            ApiError: 504 past the timeout; 500/503 for a failed generation.
+        """
+        reason = "disconnect"
+        first = True
+        next_poll = time.perf_counter() + DISCONNECT_POLL_S
+        try:
+            while not self.done:
+                now = time.perf_counter()
+                if now >= self.deadline:
+                    reason = "timeout"
+                    raise self.timeout_error()
+                if now >= next_poll:
+                    # Events may arrive every round, so poll on a clock, not on idle time.
+                    next_poll = now + DISCONNECT_POLL_S
+                    if await request.is_disconnected():
+                        return False
+                try:
+                    index, event = await asyncio.wait_for(
+                        self.events.get(), timeout=min(self.deadline, next_poll) - now
+                    )
+                except TimeoutError:
+                    continue
+                if first and event.text:
+                    first = False
+                    self.observe_first_token()
+                try:
+                    self.apply(self.choices[index], event)
+                except ApiError:
+                    reason = "error"
+                    raise
+        finally:
+            self.cancel(reason)
+        self.observe_latency()
+        return True
+
+    async def deltas(self) -> AsyncGenerator[Delta | ApiError, None]:
+        """The choices' new text as it comes, until all finish; an error ends it.
+
+        Closing this early (the client left) cancels the jobs that are still running.
+        """
+        reason = "disconnect"
+        first = True
+        try:
+            while not self.done:
+                left = self.deadline - time.perf_counter()
+                if left <= 0:
+                    reason = "timeout"
+                    yield self.timeout_error()
+                    return
+                try:
+                    index, event = await asyncio.wait_for(self.events.get(), timeout=left)
+                except TimeoutError:
+                    continue
+                choice = self.choices[index]
+                try:
+                    text = self.apply(choice, event)
+                except ApiError as exc:
+                    reason = "error"
+                    yield exc
+                    return
+                if first and text:
+                    first = False
+                    self.observe_first_token()
+                if text or choice.done:
+                    yield Delta(index, text, choice.finish_reason)
+        finally:
+            # Runs when the client disconnects too: Starlette cancels the stream reading this.
+            self.cancel(reason)

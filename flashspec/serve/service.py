@@ -1,0 +1,274 @@
+"""What every route shares: the engine's facts, the worker, the metrics and the limits.
+
+Also the checks both generation endpoints apply: API key, body, model, lengths, sampling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from .metrics import Metrics
+from .protocol import ApiError, ChatRequest, CompletionRequest, invalid
+from .worker import EngineWorker
+
+if TYPE_CHECKING:
+    from ..config import Method, SamplingConfig
+    from ..engine import SpeculativeEngine
+
+API_KEY_ENV = "FLASHSPEC_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# From the end of the headers to the end of the body: 4 MiB at 140 kB/s.
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# Tokenizers that normalize text (NFKC, lower-casing, whitespace rules) may shrink it; the
+# character limit for their prompts allows for that.
+NORMALIZED_TEXT_SLACK = 4
+# The chat default when the target declares no context limit.
+UNBOUNDED_DEFAULT_MAX_TOKENS = 4096
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """``api_key``, else ``$FLASHSPEC_API_KEY``, else None (no authentication)."""
+    return api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def prompt_char_limit(tokenizer: Any, max_context: int | None) -> int | None:
+    """The most characters a text can have and still fit in ``max_context`` tokens.
+
+    A token stands for at most as many characters as its vocabulary string has (byte-level
+    BPE: one per byte; SentencePiece: "▁" for a space; added tokens: their text). So a text
+    of ``max_context * longest`` characters has at least ``max_context`` tokens and cannot
+    fit, as long as the tokenizer keeps every character. One that normalizes text may shrink
+    it first, hence ``NORMALIZED_TEXT_SLACK`` for those. None: no context limit, no bound.
+    """
+    if max_context is None:
+        return None
+    try:
+        longest = max((len(str(token)) for token in tokenizer.get_vocab()), default=1)
+    except Exception:  # a tokenizer without a vocabulary to read: bound by the body only
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    keeps_every_char = backend is not None and getattr(backend, "normalizer", None) is None
+    slack = 1 if keeps_every_char else NORMALIZED_TEXT_SLACK
+    return max_context * max(longest, 1) * slack - 1
+
+
+class Service:
+    """Everything the routes share: the engine's facts, the worker, the metrics, the limits."""
+
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        *,
+        model_name: str,
+        max_batch: int,
+        max_queue: int,
+        timeout_s: float,
+        api_key: str | None,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        metrics: Metrics,
+    ) -> None:
+        if engine.tokenizer is None:
+            raise ValueError(
+                "the engine's target has no tokenizer; the server needs one to read text "
+                "prompts (pass tokenizer= to TargetModel)"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if not body_timeout_s > 0:
+            raise ValueError(f"body_timeout_s must be > 0 seconds, got {body_timeout_s!r}")
+        self.engine = engine
+        self.tokenizer: Any = engine.tokenizer
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self.api_key = api_key or None
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.metrics = metrics
+        self.max_context: int | None = engine.target.max_context
+        self.vocab_size: int = engine.target.vocab_size
+        self.max_prompt_chars = prompt_char_limit(self.tokenizer, self.max_context)
+        # One thread parses and tokenizes every request, so big bodies never stall the event
+        # loop (HF tokenizers release the GIL while encoding) and no two requests encode at
+        # once.
+        self.preparer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="flashspec-prepare"
+        )
+        self.created = int(time.time())
+        self.worker = EngineWorker(
+            engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics
+        )
+
+    # -- the HTTP request ------------------------------------------------------------------
+
+    def authorize(self, request: Request) -> None:
+        """Raise 401 unless the request carries the API key (when one is set)."""
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() == "bearer" and secrets.compare_digest(
+            key.strip().encode(), self.api_key.encode()
+        ):
+            return
+        raise ApiError(
+            401,
+            "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
+            f"key the server was started with (--api-key or {API_KEY_ENV})",
+            type="authentication_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, refusing more than ``max_body_bytes`` (413) or a body that takes
+        longer than ``body_timeout_s`` to arrive (408).
+
+        Raises:
+            ApiError: 413, or 408 with ``Connection: close`` (nothing more will be read). After
+                a 413 the connection reads and drops the rest of the body, for as long as the
+                next request's header deadline allows, so that the client sees the answer.
+            ClientDisconnect: the client left before sending the whole body.
+        """
+        limit = self.max_body_bytes
+        too_large = ApiError(
+            413,
+            f"the request body is larger than this server accepts ({limit} bytes)",
+            code="request_too_large",
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        size = 0
+        chunks: list[bytes] = []
+        while True:
+            try:
+                # The raw ASGI receive: Request.stream() has no deadline.
+                message = await asyncio.wait_for(request.receive(), deadline - loop.time())
+            except TimeoutError:
+                raise ApiError(
+                    408,
+                    f"the request body did not arrive within {self.body_timeout_s:g} s of its "
+                    f"headers ({size} bytes came); send the whole body at once",
+                    type="timeout_error",
+                    code="body_timeout",
+                    headers={"Connection": "close"},
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    # -- the request's fields --------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a model this server does not serve (absent: the served one)."""
+        if model is not None and model != self.model_name:
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; this server serves {self.model_name!r} "
+                "(GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
+
+    def encode(self, text: str, *, special: bool) -> list[int]:
+        """Token ids of ``text`` (as the engine encodes prompts when ``special``)."""
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=special)["input_ids"]]
+
+    def check_chars(self, length: int, param: str) -> None:
+        """400 for text too long to fit in the context, refused before tokenizing it."""
+        limit = self.max_prompt_chars
+        if limit is None or length <= limit:
+            return
+        subject = "prompt" if param == "prompt" else "conversation (messages' content)"
+        raise invalid(
+            f"the {subject} has {length} characters; no text of more than {limit} characters "
+            f"fits in this model's context of {self.max_context} tokens, so it is refused "
+            f"before tokenizing; shorten the {param}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+    def check_ids(self, ids: list[int], param: str) -> None:
+        """400 for token ids outside the target's vocabulary."""
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise invalid(
+                f"{param} has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})",
+                param=param,
+            )
+
+    def max_tokens_for(
+        self, prompt_length: int, requested: int | None, default: int | None, param: str
+    ) -> int:
+        """``max_tokens`` checked against the context (``default`` None: the rest of it)."""
+        limit = self.max_context
+        # An empty prompt starts from BOS, which takes a position.
+        length = max(prompt_length, 1)
+        if limit is not None and length >= limit:
+            subject = "prompt" if param == "prompt" else "conversation (messages, chat-formatted)"
+            raise invalid(
+                f"the {subject} has {length} tokens but the model's context is {limit} "
+                f"tokens, leaving no room for a completion; shorten the {param}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        room = limit - length if limit is not None else None
+        if requested is None:
+            fallback = default if default is not None else (room or UNBOUNDED_DEFAULT_MAX_TOKENS)
+            return min(fallback, room) if room is not None else fallback
+        if room is not None and requested > room:
+            raise invalid(
+                f"this model's context is {limit} tokens, but {length + requested} were "
+                f"requested ({length} in the prompt, {requested} for the completion); "
+                f"lower max_tokens to at most {room} or shorten the prompt",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return requested
+
+    def sampling_for(
+        self, request: CompletionRequest | ChatRequest
+    ) -> tuple[SamplingConfig, int | None, Hashable]:
+        """(SamplingConfig for this call, seed, batch group) from the request's fields.
+
+        OpenAI's defaults apply: temperature 1, top_p 1. Greedy requests (temperature 0) share
+        one group whatever their top_p/top_k, which cannot change an argmax. A sampled request
+        with a seed gets a batch of its own, so the same seed gives the same output.
+        """
+        base = self.engine.config.sampling
+        temperature = 1.0 if request.temperature is None else float(request.temperature)
+        top_p = 1.0 if request.top_p is None else float(request.top_p)
+        top_k = 0 if request.top_k is None else request.top_k
+        if temperature == 0:
+            sampling = dataclasses.replace(
+                base, temperature=0.0, top_p=1.0, top_k=0, method="auto", seed=None
+            )
+            return sampling, None, ("greedy",)
+        # A server built on a lossy "typical" engine stays lossy; otherwise sampling is exact.
+        method: Method = "typical" if base.method == "typical" else "auto"
+        sampling = dataclasses.replace(
+            base, temperature=temperature, top_p=top_p, top_k=top_k, method=method, seed=None
+        )
+        group: tuple[object, ...] = ("sample", temperature, top_p, top_k)
+        if request.seed is not None:
+            group = (*group, "seed", request.seed, uuid.uuid4().hex)
+        return sampling, request.seed, group
