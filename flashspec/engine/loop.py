@@ -25,7 +25,7 @@ from ..select.throughput import ThroughputModel
 from .generation import Generation
 from .inputs import Prompt, Stop, prepare
 from .results import GenerationResult, StreamChunk, TokenStream
-from .stopping import cancel_rows, finish_rows, row_room
+from .stopping import cancel_rows, finish_rows, round_room
 
 
 class SpeculativeEngine:
@@ -297,15 +297,7 @@ class SpeculativeEngine:
     def _round(self, gen: Generation) -> list[StreamChunk]:
         start = time.perf_counter()
         stats = gen.stats
-        length = gen.tokens.shape[1]
-        generated = length - gen.prompt_length  # the same for every live row (lockstep)
-        # Each row's own room: its max_new_tokens, and the context limit counted from its own
-        # length (not the padded width, or a long prompt would cut the short rows beside it).
-        room = max(
-            row_room(gen, index, left, generated, length)
-            for index, left in zip(gen.live, gen.padding.lefts, strict=True)
-        )
-        rows = len(gen.live)
+        room, rows = round_room(gen), len(gen.live)
 
         # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
         choice = self.policy.choose(gen.tokens, gen.padding, rows, room, self.target.cached > 0)
@@ -341,16 +333,8 @@ class SpeculativeEngine:
         valid = gen.tokens.shape[1] - 1  # the newest token has no keys/values anywhere yet
         for each in self.drafters:
             each.commit(valid)
-        stats.rounds += 1
-        stats.row_rounds += rows
-        stats.drafted += g * rows
-        stats.accepted += sum(m + (row[g + 1] > m) for row in host)
-        stats.emitted += (m + 1) * rows
-        label = choice.arm.label
-        stats.arm_rounds[label] = stats.arm_rounds.get(label, 0) + 1
-        stats.replays = self.target.replays
-        stats.replayed_tokens = self.target.replayed_tokens
-        stats.time_replay = self.target.replay_seconds
+        accepted = sum(m + (row[g + 1] > m) for row in host)
+        stats.count_round(choice.arm.label, rows, g, m, accepted)
 
         # 5. stop and stream
         chunks, keep = finish_rows(gen, [[*row[:m], row[g]] for row in host])
@@ -440,6 +424,9 @@ class SpeculativeEngine:
             drafter.select_rows(index)
 
     def _result(self, gen: Generation) -> GenerationResult:
+        gen.stats.replays = self.target.replays
+        gen.stats.replayed_tokens = self.target.replayed_tokens
+        gen.stats.time_replay = self.target.replay_seconds
         width = max((len(row.tokens) for row in gen.rows), default=0)
         output = torch.full((len(gen.rows), width), -1, dtype=torch.int64)
         for i, row in enumerate(gen.rows):

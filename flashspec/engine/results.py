@@ -40,6 +40,16 @@ class GenerationStats:
     time_replay: float = 0.0
     arm_rounds: dict[str, int] = field(default_factory=dict)
 
+    def count_round(self, arm: str, rows: int, drafted: int, emitted: int, accepted: int) -> None:
+        """Count a round of ``arm`` over ``rows`` rows: ``drafted`` drafts per row, ``emitted``
+        + 1 tokens per row (lockstep), ``accepted`` drafts accepted over all rows."""
+        self.rounds += 1
+        self.row_rounds += rows
+        self.drafted += drafted * rows
+        self.accepted += accepted
+        self.emitted += (emitted + 1) * rows
+        self.arm_rounds[arm] = self.arm_rounds.get(arm, 0) + 1
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted (0 when nothing was drafted)."""

@@ -17,6 +17,18 @@ def row_room(gen: Generation, index: int, left: int, generated: int, length: int
     return room
 
 
+def round_room(gen: Generation) -> int:
+    """Tokens the coming round may emit per row: the most any live row still may. Each row's
+    context limit counts from its own length, not the padded width (else a long prompt would
+    cut the short rows beside it)."""
+    length = gen.tokens.shape[1]
+    generated = length - gen.prompt_length  # the same for every live row (lockstep)
+    return max(
+        row_room(gen, index, left, generated, length)
+        for index, left in zip(gen.live, gen.padding.lefts, strict=True)
+    )
+
+
 def finish_rows(
     gen: Generation, new_tokens: list[list[int]]
 ) -> tuple[list[StreamChunk], list[int]]:
