@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from ._validate import is_int
+
 Method = Literal["auto", "rejection", "greedy", "typical"]
 ResidualBackend = Literal["auto", "native", "torch"]
 
@@ -26,10 +28,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_real(value: object) -> bool:
@@ -104,14 +102,14 @@ class SamplingConfig:
                 got = getattr(self, name)
                 raise ValueError(f"SamplingConfig.{name} must be {rule}, got {got!r}" + hint)
 
-        check(_is_int(self.gamma) and self.gamma >= 1, "gamma", "an integer >= 1", "; try gamma=4")
+        check(is_int(self.gamma) and self.gamma >= 1, "gamma", "an integer >= 1", "; try gamma=4")
         check(
             _is_real(self.temperature) and self.temperature >= 0,
             "temperature",
             "a finite number >= 0",
             "; use 0 for greedy decoding, or e.g. 0.7 or 1.0 to sample",
         )
-        check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)")
+        check(is_int(self.top_k) and self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)")
         check(
             _is_real(self.top_p) and 0.0 < self.top_p <= 1.0,
             "top_p",
@@ -144,8 +142,8 @@ class SamplingConfig:
             "; try 0.4",
         )
         check(isinstance(self.dynamic_gamma, bool), "dynamic_gamma", "True or False")
-        check(_is_int(self.max_gamma) and self.max_gamma >= 1, "max_gamma", "an integer >= 1")
-        check(self.seed is None or _is_int(self.seed), "seed", "an integer or None")
+        check(is_int(self.max_gamma) and self.max_gamma >= 1, "max_gamma", "an integer >= 1")
+        check(self.seed is None or is_int(self.seed), "seed", "an integer or None")
 
     @property
     def resolved_method(self) -> Literal["rejection", "greedy", "typical"]:
@@ -224,7 +222,7 @@ class BanditConfig:
                     "disagree; strategy is the earlier name of selector: give one of them"
                 )
             self.selector = self.strategy
-        if self.n_arms is not None and (not _is_int(self.n_arms) or self.n_arms < 1):
+        if self.n_arms is not None and (not is_int(self.n_arms) or self.n_arms < 1):
             raise ValueError(
                 f"BanditConfig.n_arms must be None or an integer >= 1, got {self.n_arms!r}"
             )
@@ -241,13 +239,13 @@ class BanditConfig:
                 f"BanditConfig.exploration must be a finite number >= 0, got {self.exploration!r}"
             )
         window = self.window_size
-        if window is not None and (not _is_int(window) or window < 1):
+        if window is not None and (not is_int(window) or window < 1):
             raise ValueError(
                 f"BanditConfig.window_size must be None or an integer >= 1, got {window!r}"
             )
         if self.gammas is not None:
             if isinstance(self.gammas, (str, bytes)) or not all(
-                _is_int(g) and g >= 1 for g in self.gammas
+                is_int(g) and g >= 1 for g in self.gammas
             ):
                 raise ValueError(
                     "BanditConfig.gammas must be None or a sequence of integers >= 1, got "
@@ -260,7 +258,7 @@ class BanditConfig:
             self.gammas = tuple(dict.fromkeys(int(g) for g in self.gammas))
         if not isinstance(self.plain, bool):
             raise ValueError(f"BanditConfig.plain must be True or False, got {self.plain!r}")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"BanditConfig.seed must be an integer or None, got {self.seed!r}")
 
 
@@ -294,7 +292,7 @@ class FlashSpecConfig:
                     f"FlashSpecConfig.{name} must be None or a model path/hub id, got {value!r}"
                 )
         if self.max_new_tokens is not None and (
-            not _is_int(self.max_new_tokens) or self.max_new_tokens < 0
+            not is_int(self.max_new_tokens) or self.max_new_tokens < 0
         ):
             raise ValueError(
                 "FlashSpecConfig.max_new_tokens must be None or an integer >= 0, "

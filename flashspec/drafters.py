@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ._validate import is_int
 from .config import ResidualBackend
 from .models import CausalLM, Padding, load_pretrained, place_model
 from .sampling import Warper, draft_sample
@@ -203,11 +204,11 @@ class PromptLookupDrafter(Drafter):
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, name: str = "prompt_lookup") -> None:
-        if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or min_ngram < 1:
+        if not is_int(min_ngram, minimum=1):
             raise ValueError(
                 f"PromptLookupDrafter min_ngram must be an integer >= 1, got {min_ngram!r}"
             )
-        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < min_ngram:
+        if not is_int(max_ngram, minimum=min_ngram):
             raise ValueError(
                 f"PromptLookupDrafter max_ngram must be an integer >= min_ngram ({min_ngram}), "
                 f"got {max_ngram!r}"

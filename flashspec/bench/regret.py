@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _argtypes
+from .._validate import is_int
 from ..bandit import Selector, ThompsonSelector, UCB1Selector
 from .common import DEFAULT_OUT, machine_info, progress, pyplot, write_json
 
@@ -145,9 +146,9 @@ def _check(
     if len(set(means)) == 1:
         raise ValueError(f"means must not all be equal (no arm is worse), got {means!r}")
     for name, value in (("horizon", horizon), ("runs", runs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value, minimum=1):
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, minimum=0):
         raise ValueError(f"seed must be an integer >= 0 (e.g. 0), got {seed!r}")
     if not math.isfinite(exploration) or exploration < 0:
         raise ValueError(

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import torch
 
+from .._validate import is_int
 from ..config import FlashSpecConfig, SamplingConfig
 from ..models import Padding, TargetModel, as_id_list
 from ..sampling import Warper
@@ -207,7 +208,7 @@ def per_row_limits(max_new_tokens: int | Sequence[int], rows: int) -> list[int]:
     """``max_new_tokens`` (one number, or one per row) as one limit per row."""
 
     def valid(n: object) -> bool:
-        return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+        return is_int(n, minimum=0)
 
     if valid(max_new_tokens):
         return [cast(int, max_new_tokens)] * rows

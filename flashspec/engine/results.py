@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .._validate import is_int
+
 if TYPE_CHECKING:
     from .generation import Generation
 
@@ -167,7 +169,7 @@ class TokenStream:
         before the next round, which frees its share of the work, and its last chunk has
         finish reason ``"cancelled"``. Cancelling a finished row does nothing.
         """
-        if isinstance(row, bool) or not isinstance(row, int):
+        if not is_int(row):
             raise TypeError(f"row must be an int, got {type(row).__name__}")
         self._generation.cancelled.add(row)
 

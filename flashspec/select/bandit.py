@@ -24,6 +24,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Literal
 
+from .._validate import is_int
+
 __all__ = ["Selector", "ThompsonSelector", "UCB1Selector", "make_selector"]
 
 BanditKind = Literal["ucb1", "thompson"]
@@ -32,20 +34,20 @@ BANDIT_KINDS: tuple[BanditKind, ...] = ("ucb1", "thompson")
 
 
 def _check_n_arms(owner: str, n_arms: object) -> int:
-    if isinstance(n_arms, bool) or not isinstance(n_arms, int) or n_arms < 1:
-        raise ValueError(f"{owner} n_arms must be an integer >= 1 (e.g. 2), got {n_arms!r}")
-    return n_arms
+    if is_int(n_arms, minimum=1):
+        return n_arms
+    raise ValueError(f"{owner} n_arms must be an integer >= 1 (e.g. 2), got {n_arms!r}")
 
 
 def _check_window(owner: str, window_size: object) -> int | None:
     if window_size is None:
         return None
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(
-            f"{owner} window_size must be None (every pull counts) or an integer >= 1, "
-            f"got {window_size!r}"
-        )
-    return window_size
+    if is_int(window_size, minimum=1):
+        return window_size
+    raise ValueError(
+        f"{owner} window_size must be None (every pull counts) or an integer >= 1, "
+        f"got {window_size!r}"
+    )
 
 
 def _check_nonnegative(owner: str, name: str, value: object) -> float:
@@ -78,9 +80,9 @@ def _check_scale(owner: str, reward_scale: object) -> float | None:
 def _check_seed(owner: str, seed: object) -> int | None:
     if seed is None:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{owner} seed must be None or an integer (e.g. 0), got {seed!r}")
-    return seed
+    if is_int(seed):
+        return seed
+    raise ValueError(f"{owner} seed must be None or an integer (e.g. 0), got {seed!r}")
 
 
 class Selector(ABC):
@@ -146,7 +148,7 @@ class Selector(ABC):
     def update(self, arm: int, reward: float) -> None:
         """Record ``reward`` (>= 0, e.g. tokens per second) for a pull of ``arm``."""
         owner = type(self).__name__
-        if isinstance(arm, bool) or not isinstance(arm, int) or not 0 <= arm < self.n_arms:
+        if not is_int(arm, minimum=0, maximum=self.n_arms - 1):
             raise ValueError(
                 f"{owner}.update: arm must be in [0, {self.n_arms}) (from select()), got {arm!r}"
             )

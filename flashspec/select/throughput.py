@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .._validate import is_int
+
 DEFAULT_MEMORY = 256
 """Rounds of memory of the acceptance posteriors: each round of a drafter multiplies its counts
 in the round's state by 1 - 1/memory, so its estimates follow a workload that changes."""
@@ -271,7 +273,7 @@ class ThroughputModel:
             ("n_states", n_states),
             ("memory", memory),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value, minimum=1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.arms = list(arms)
         self.n_drafters = n_drafters
