@@ -64,10 +64,9 @@ in the round's state by 1 - 1/memory, so its estimates follow a workload that ch
 RETRY_FACTOR = 4
 """Every round in a state also multiplies the counts of the drafters it did not play by
 1 - 1/(RETRY_FACTOR * memory): the posterior of a drafter left unplayed widens again, so a
-drafter judged on a bad stretch is tried again later instead of never, but slowly. Each retry
-of a drafter that is worse costs a round at its lower rate; at the same speed of forgetting as
-the played drafter (factor 1) the model spent 4-39% of sampled rounds (where one drafter is best
-everywhere) re-trying the others (``flashspec bench adaptive``, commits 612ef84 and 7422624)."""
+drafter judged on a bad stretch is tried again later instead of never, but slowly: each retry
+of a drafter that is worse costs a round at its lower rate (docs/adaptive.md, "Why the model is
+built this way")."""
 
 PRIOR_STRENGTH = 8.0
 """Pseudo-positions of the prior each posterior borrows from its neighbour (see the module
@@ -76,8 +75,7 @@ docstring): enough to carry an estimate to a position not drafted yet, soon outw
 PLAN_ROUNDS = 8
 """Rounds a state's plan (posteriors, each drafter's best draft length under them, costs) is
 reused by ``choose`` before it is remade. The Thompson draws stay fresh every round: keeping a
-whole choice for 8 rounds instead (commit fcd9640) made every lucky draw of a slower drafter
-cost 8 rounds, and the copy stream spent 887 of 1,533 sampled rounds on demo-draft3."""
+whole choice for 8 rounds instead made every lucky draw of a slower drafter cost 8 rounds."""
 
 _SETTLED = 32.0
 """Expected first-position drafts a drafter needs in a state before a round of it there leaves
@@ -91,10 +89,9 @@ _RESCALE_BELOW = 1e-100  # a cell's scale below which its stored counts are resc
 # first _COST_MEMORY measured rounds, then an exponential average over about as many of its own
 # rounds; the verification line forgets with every round (~200 rounds). Round times jitter by
 # several ms on a busy CPU, and a cost estimate that follows the jitter flips choices between arms
-# a few percent apart (shorter memories, weight 0.1 and decay 0.98, spread the draft length of one
-# drafter over 2-5 under sampling). Starting with the plain mean keeps a drafter played rarely
-# from carrying the cost of one lucky first round, which is what made longer memories lose before
-# (commit b0ab922). The slope of drafting time in the length is a property of the drafter, not of
+# a few percent apart. Starting with the plain mean keeps a drafter played rarely from carrying
+# the cost of one lucky first round. The slope of drafting time in the length is a property of
+# the drafter, not of
 # the machine's speed of the moment (both are kept as shares of the target side's time), so it
 # is fitted over a longer memory, _SLOPE_DECAY, across the lengths the model has played.
 _COST_MEMORY = 50
@@ -168,10 +165,8 @@ class _DraftTime:
     round time (see ``ThroughputModel.draft_seconds``).
 
     A fixed part per round is real and differs between drafters: prompt lookup searches the
-    whole context once whatever the length (~0.17 ms on the demo pair's copy prompts, the same for
-    1 and 16 drafts), and a model drafter pays ~0.17 ms a round besides ~0.83 ms a draft. Charged
-    per draft instead, it made long drafts look dearer than they are: the model preferred 3
-    drafts of demo-draft to 4, which measured 2-3% slower in fixed-length runs.
+    whole context once whatever the length, and a model drafter pays a little per round besides
+    its forwards. Charged per draft instead, it would make long drafts look dearer than they are.
     """
 
     def __init__(self) -> None:
@@ -453,11 +448,9 @@ class ThroughputModel:
                 g = min(plan.lengths[index], limit)
                 seconds = plan.fixed[index] + plan.per_draft[index] * g + plan.verify[g + 1]
                 if drafter != last:
-                    # A switch pays the drafter's catch-up now, whatever the draw says. Free,
-                    # a slower drafter's lucky draws cost a round at its rate plus ~0.4 ms of
-                    # catch-up each, mostly in single rounds: without it, one sampled run of
-                    # the 3-drafter model on the mixed stream played demo-draft3 (11-12% slower
-                    # at gamma 4) in 885 of 1,706 rounds.
+                    # A switch pays the drafter's catch-up now, whatever the draw says: free,
+                    # a slower drafter's lucky draws would each cost a round at its rate plus
+                    # its catch-up, mostly in single rounds.
                     seconds += plan.catch_up[drafter]
                 rate = rows * tokens[drafter][g] / seconds
             if rate > best_rate:
