@@ -102,8 +102,9 @@ class Policy:
     [1, max(max_gamma, the arm's own gamma)].
     """
 
-    def __init__(self, arms: list[Arm]) -> None:
+    def __init__(self, arms: list[Arm], probe: LookupProbe | None = None) -> None:
         self.arms = arms
+        self.probe = probe
         self.sampling = SamplingConfig()
         self.gammas: list[int] = []  # each arm's current draft length, this generation
         self.last_full = False  # the last round with drafts accepted every draft
@@ -118,6 +119,8 @@ class Policy:
         self.sampling = sampling
         self.gammas = [sampling.gamma if arm.gamma is None else arm.gamma for arm in self.arms]
         self.last_full = False
+        if self.probe is not None:
+            self.probe.reset()
 
     def choose(
         self, tokens: torch.Tensor, padding: Padding, rows: int, room: int, prefilled: bool
@@ -141,7 +144,7 @@ class Policy:
             self._learn(choice, outcome)
 
     def _context(self, tokens: torch.Tensor, padding: Padding) -> int:
-        return 0
+        return 0 if self.probe is None else self.probe.context(tokens, padding)
 
     def _pick(self, context: int, rows: int, room: int, choosing: bool) -> tuple[int, int]:
         return 0, min(self.gammas[0], room - 1)
@@ -167,21 +170,12 @@ class BanditPolicy(Policy):
     def __init__(
         self, arms: list[Arm], selectors: list[Selector], probe: LookupProbe | None
     ) -> None:
-        super().__init__(arms)
+        super().__init__(arms, probe)
         self.selectors = selectors
-        self.probe = probe
 
     @property
     def chooses(self) -> bool:
         return True
-
-    def start(self, sampling: SamplingConfig) -> None:
-        super().start(sampling)
-        if self.probe is not None:
-            self.probe.reset()
-
-    def _context(self, tokens: torch.Tensor, padding: Padding) -> int:
-        return 0 if self.probe is None else self.probe.context(tokens, padding)
 
     def _pick(self, context: int, rows: int, room: int, choosing: bool) -> tuple[int, int]:
         index = self.selectors[context].select() if choosing else 0
@@ -199,21 +193,12 @@ class ThroughputPolicy(Policy):
     predicted tokens per second, from acceptance posteriors and measured costs."""
 
     def __init__(self, arms: list[Arm], model: ThroughputModel, probe: LookupProbe | None) -> None:
-        super().__init__(arms)
+        super().__init__(arms, probe)
         self.model = model
-        self.probe = probe
 
     @property
     def chooses(self) -> bool:
         return True
-
-    def start(self, sampling: SamplingConfig) -> None:
-        super().start(sampling)
-        if self.probe is not None:
-            self.probe.reset()
-
-    def _context(self, tokens: torch.Tensor, padding: Padding) -> int:
-        return 0 if self.probe is None else self.probe.context(tokens, padding)
 
     def _pick(self, context: int, rows: int, room: int, choosing: bool) -> tuple[int, int]:
         if not choosing:

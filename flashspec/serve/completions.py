@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-import uuid
-from collections.abc import AsyncIterator
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from . import responses
-from .generation import Generation, Prepared
-from .protocol import ApiError, CompletionRequest, invalid, parse_body, prompt_items, stop_strings
-from .responses import Envelope
+from .answer import Shapes, answer
+from .generation import Prepared
+from .protocol import CompletionRequest, invalid, parse_body, prompt_items, stop_strings
 from .service import Service
 
 ENDPOINT = "/v1/completions"
@@ -67,34 +61,16 @@ def prepare_body(service: Service, raw: bytes) -> Prepared:
     return prepare(service, parse_body(raw, CompletionRequest))
 
 
+SHAPES = Shapes(
+    endpoint=ENDPOINT,
+    prefix="cmpl",
+    prepare_body=prepare_body,
+    whole=responses.completion,
+    chunk=responses.completion_chunk,
+    usage_chunk=responses.completion_usage_chunk,
+)
+
+
 async def create(service: Service, request: Request) -> Response:
     """Answer one /v1/completions request, whole or as server-sent events."""
-    arrived = time.perf_counter()
-    service.authorize(request)
-    raw = await service.read_body(request)
-    loop = asyncio.get_running_loop()
-    prepared = await loop.run_in_executor(service.preparer, prepare_body, service, raw)
-    envelope = Envelope(f"cmpl-{uuid.uuid4().hex}", int(time.time()), service.model_name)
-    generation = Generation(service, prepared, ENDPOINT, arrived)
-    if not prepared.stream:
-        if not await generation.complete(request):
-            # The client left: nobody reads this; 499 is what the metrics record.
-            return Response(status_code=499)
-        return JSONResponse(responses.completion(envelope, generation.choices, generation.usage()))
-    return responses.EventStream(
-        _events(generation, envelope), lambda: generation.cancel("disconnect")
-    )
-
-
-async def _events(generation: Generation, envelope: Envelope) -> AsyncIterator[str]:
-    include_usage = generation.prepared.include_usage
-    async with contextlib.aclosing(generation.deltas()) as deltas:
-        async for delta in deltas:
-            if isinstance(delta, ApiError):
-                yield responses.sse(delta.body())
-                return
-            yield responses.sse(responses.completion_chunk(envelope, delta, include_usage))
-    if include_usage:
-        yield responses.sse(responses.completion_usage_chunk(envelope, generation.usage()))
-    yield responses.SSE_DONE
-    generation.observe_latency()
+    return await answer(service, request, SHAPES)
