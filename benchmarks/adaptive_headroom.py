@@ -50,7 +50,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -66,13 +66,10 @@ from flashspec.bench import (
 )
 from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import Drafter
-from flashspec.engine import SpeculativeEngine
+from flashspec.engine import RoundView, SpeculativeEngine
 from flashspec.models import TargetModel
 from flashspec.select.context import NgramIndex
 from flashspec.select.throughput import expected_tokens
-
-if TYPE_CHECKING:
-    from flashspec.engine.generation import Generation
 
 DRAFTERS = "demo-draft,demo-draft3,prompt_lookup"
 COST_GAMMAS = (1, 2, 4, 8, 16)  # those up to --max-gamma are run
@@ -94,19 +91,12 @@ class Round:
     tokens: list[list[float]]  # per drafter, tokens_by_length of its acceptances
 
 
-class ProbingEngine(SpeculativeEngine):
-    """The reference engine, which before each of its own rounds has every probe drafter draft
-    and the target verify, then rolls every cache back."""
+class Prober:
+    """Before each of the reference engine's rounds (a ``before_round`` hook), every probe
+    drafter drafts and the target verifies (``RoundView.probe``, which rolls every cache
+    back); records what each would have had accepted."""
 
-    def __init__(
-        self,
-        config: FlashSpecConfig,
-        drafter: Drafter,
-        target: TargetModel,
-        probes: Sequence[Drafter],
-        max_gamma: int,
-    ) -> None:
-        super().__init__(config, drafter, target)
+    def __init__(self, probes: Sequence[Drafter], max_gamma: int) -> None:
         self.probes = probes
         self.max_gamma = max_gamma
         self.workload = ""
@@ -114,36 +104,24 @@ class ProbingEngine(SpeculativeEngine):
         self.rounds: list[Round] = []
         self.last_full: tuple[bool, ...] = ()  # per drafter, its latest probe; () at a new prompt
 
-    def _round(self, gen: Generation) -> Any:
-        length = gen.tokens.shape[1]
-        room = max(gen.max_new_tokens[i] for i in gen.live) - (length - gen.prompt_length)
-        if self.target.cached > 0 and room - 1 >= self.max_gamma:
-            self._probe(gen)
-        return super()._round(gen)
-
-    def _probe(self, gen: Generation) -> None:
-        valid = gen.tokens.shape[1] - 1
+    def __call__(self, view: RoundView) -> None:
+        if not view.prefilled or view.room - 1 < self.max_gamma:
+            return
         accept: list[list[float]] = []
         top: list[list[float]] = []
         for drafter in self.probes:
-            proposal = drafter.propose(self._draft_context(gen, drafter), self.max_gamma)
-            logits = self.target.verify(
-                gen.tokens[:, self.target.cached :], proposal.tokens, gen.padding
-            )
-            acceptance = self._accept(gen, logits, proposal)
+            proposal, acceptance = view.probe(drafter, self.max_gamma)
             accept.append(acceptance.probability[0].tolist())
             top.append(
                 proposal.probs[0].max(dim=-1).values.tolist() if proposal.probs is not None else []
             )
-            self.target.rollback(valid)
-            drafter.commit(valid)
-        index = NgramIndex(LOOKUP_NGRAM, gen.tokens, gen.padding.left)
+        index = NgramIndex(LOOKUP_NGRAM, view.tokens, view.padding.left)
         previous = self.last_full or (False,) * len(accept)
         self.rounds.append(
             Round(
                 self.workload,
                 self.prompt,
-                index.match(gen.tokens),
+                index.match(view.tokens),
                 previous,
                 accept,
                 top,
@@ -362,22 +340,22 @@ def main() -> int:
     )
 
     reference_drafter = load_drafters_for(argparse.Namespace(drafters="demo-draft"))[0]
-    engine = ProbingEngine(
-        FlashSpecConfig(sampling=sampling), reference_drafter, target, drafters, args.max_gamma
-    )
+    engine = SpeculativeEngine(FlashSpecConfig(sampling=sampling), reference_drafter, target)
+    prober = Prober(drafters, args.max_gamma)
+    engine.before_round.append(prober)
     seeds = 1 if sampling.temperature == 0 else args.seeds
     passes = [(s, w, i) for s in range(seeds) for w in ids for i in range(len(ids[w]))]
     for seed, workload, position in bench.progress(passes, desc="probe", disable=args.no_progress):
         for drafter in drafters:
             drafter.reset()
-        engine.workload, engine.prompt, engine.last_full = workload, position, ()
+        prober.workload, prober.prompt, prober.last_full = workload, position, ()
         engine.generate(
             ids[workload][position],
             max_new_tokens=args.max_new_tokens,
             ignore_eos=True,
             seed=1000 + position + SEED_STRIDE * seed,
         )
-    rounds = engine.rounds
+    rounds = prober.rounds
 
     labels, tokens, seconds = arm_table(rounds, names, costs, args.max_gamma)
     states: dict[str, Callable[[Round], object]] = {

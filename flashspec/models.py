@@ -34,6 +34,7 @@ from ._state import (
     trim_conv,
 )
 from .config import resolve_dtype
+from .profiling import span
 
 DEMO_NAME = "demo"
 DEMO_DRAFT_NAME = "demo-draft"
@@ -207,6 +208,7 @@ class CausalLM:
         self.replays = 0
         self.replayed_tokens = 0
         self.replay_seconds = 0.0
+        self._span = span("target_forward" if role == "target" else "forward")
 
     @property
     def config(self) -> Any:
@@ -248,6 +250,10 @@ class CausalLM:
         return self._forward(input_ids, padding, keep)
 
     def _forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
+        with self._span:
+            return self._model_forward(input_ids, padding, keep)
+
+    def _model_forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
         start, length = self.cached, input_ids.shape[1]
         kwargs: dict[str, Any] = {self.signature.cache_arg: self.cache, "use_cache": True}
         if self.signature.position_ids:

@@ -24,6 +24,7 @@ import numpy.typing as npt
 import torch
 
 from .config import ResidualBackend
+from .profiling import spanned
 
 _NativeSample = Callable[
     [npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float64]], Any
@@ -87,6 +88,7 @@ class Warper:
             x = x.masked_fill(x < threshold, float("-inf"))
         return x
 
+    @spanned("warp")
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped float32 probabilities over the last dimension."""
         return self.logits(logits).softmax(dim=-1)
@@ -191,6 +193,7 @@ def residual_sample_torch(p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> 
     return sample_inverse_cdf(torch.where(empty, p, r), u)
 
 
+@spanned("residual")
 def residual_sample(
     p: torch.Tensor, q: torch.Tensor, u: torch.Tensor, backend: ResidualBackend = "auto"
 ) -> torch.Tensor:
@@ -358,6 +361,7 @@ def accept_typical(
     )
 
 
+@spanned("sample")
 def draft_sample(
     probs: torch.Tensor, generator: torch.Generator | None, backend: ResidualBackend = "auto"
 ) -> torch.Tensor:

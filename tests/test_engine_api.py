@@ -443,3 +443,49 @@ def test_each_row_has_its_own_context_limit(arch: str) -> None:
     assert batch.finish_reasons == ["context_limit", "length"]
     assert batch.tokens[1] == single_short.tokens[0] and len(batch.tokens[1]) == 16
     assert batch.tokens[0] == single_long.tokens[0] and len(batch.tokens[0]) == 48 - 46
+
+
+def test_before_round_probes_leave_the_generation_unchanged() -> None:
+    """A hook that probes every round with the target drafting for itself: each probe accepts
+    every draft (greedy), and the output equals the same generation without the hook."""
+    from flashspec.engine import RoundView
+
+    target, draft = pair()
+    eng = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        [ModelDrafter(draft)],
+        TargetModel(model=target, tokenizer=tokenizer()),
+    )
+    plain = eng.generate(PROMPT, max_new_tokens=24, ignore_eos=True).tokens[0]
+    probe = ModelDrafter(target)
+    seen: list[list[float]] = []
+
+    def hook(view: RoundView) -> None:
+        if view.prefilled and view.room > 3:
+            _, acceptance = view.probe(probe, 3)
+            seen.append(acceptance.probability[0].tolist())
+
+    eng.before_round.append(hook)
+    probe.reset()  # not one of the engine's drafters: its cache is the hook's to start
+    probed = eng.generate(PROMPT, max_new_tokens=24, ignore_eos=True).tokens[0]
+    assert probed == plain
+    assert seen and all(p == [1.0, 1.0, 1.0] for p in seen)
+
+
+def test_profiling_records_spans_only_while_active() -> None:
+    from flashspec.profiling import Spans, profiling
+
+    eng = engine()
+    spans = Spans()
+    eng.generate(PROMPT, max_new_tokens=8, ignore_eos=True)
+    assert not spans.calls  # nothing recorded outside the block
+    with profiling(spans):
+        result = eng.generate(PROMPT, max_new_tokens=8, ignore_eos=True)
+    rounds = result.stats.rounds
+    assert spans.calls[("draft",)] == rounds - 1 or spans.calls[("draft",)] == rounds
+    assert spans.calls[("accept",)] == rounds
+    assert spans.calls[("target_forward",)] >= rounds
+    assert spans.calls[("draft", "forward")] >= spans.calls[("draft",)]
+    assert all(seconds >= 0 for seconds in spans.exclusive.values())
+    with profiling(spans), pytest.raises(RuntimeError, match="already active"), profiling(Spans()):
+        pass

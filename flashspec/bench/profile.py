@@ -4,50 +4,18 @@ residual kernel, with the PyTorch one, and greedy (``profile.json``)."""
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import ModelDrafter
 from ..engine import SpeculativeEngine
 from ..models import TargetModel
+from ..profiling import Spans, profiling
 from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
 from .pair import Pair, encode, setup_pair
 from .runner import TEMPERATURE, TOP_P
-
-
-class _Timers:
-    """Exclusive wall time per call path of the wrapped functions."""
-
-    def __init__(self) -> None:
-        self.stack: list[list[Any]] = []  # [label, time spent in wrapped children]
-        self.exclusive: dict[tuple[str, ...], float] = defaultdict(float)
-        self.calls: dict[tuple[str, ...], int] = defaultdict(int)
-
-    def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self.stack.append([label, 0.0])
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                elapsed = time.perf_counter() - start
-                path = tuple(str(s[0]) for s in self.stack)
-                _, children = self.stack.pop()
-                self.exclusive[path] += elapsed - children
-                self.calls[path] += 1
-                if self.stack:
-                    self.stack[-1][1] += elapsed
-
-        return timed
-
 
 # Call path -> profile category. Draft-side warping and sampling (which also goes through the
 # native kernel: sampling from q is the residual against zero) are kept apart from the
@@ -74,62 +42,6 @@ CATEGORY_ORDER = (
 )
 
 
-def _bindings(function: Any) -> list[tuple[ModuleType, str]]:
-    """Every (module, global name) in flashspec's loaded modules that is bound to ``function``."""
-    found: list[tuple[ModuleType, str]] = []
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == "flashspec" or name.startswith("flashspec.")):
-            continue
-        found.extend((module, key) for key, value in vars(module).items() if value is function)
-    return found
-
-
-@contextmanager
-def _instrument(engine: SpeculativeEngine, timers: _Timers) -> Iterator[None]:
-    """Time the round's parts by wrapping them for the duration of the block.
-
-    Left for the engine's per-round record (issue #22): until the engine reports these times
-    itself, this wraps the engine's target, drafters and warper on the instance, and rebinds
-    the module globals through which the acceptance tests and samplers are called.
-    """
-    from .. import sampling
-
-    saved: list[tuple[Any, str, Any, bool]] = []
-
-    def patch(obj: Any, name: str, label: str, *, instance: bool = False) -> None:
-        original = getattr(obj, name)
-        saved.append((obj, name, original, instance))
-        # object.__setattr__: the warper is a frozen dataclass.
-        object.__setattr__(obj, name, timers.wrap(label, original))
-
-    patch(engine.target, "forward", "target_forward", instance=True)
-    for drafter in engine.drafters:
-        patch(drafter, "propose", "draft", instance=True)
-        if drafter.lm is not None:
-            patch(drafter.lm, "forward", "forward", instance=True)
-    patch(engine.warper, "probs", "warp", instance=True)
-    # Callers reach these through their own module's global (``from ..sampling import ...``:
-    # the engine's loop module, the drafters, sampling itself), and which modules those are
-    # moves with the engine's layout; so every binding of each function is wrapped, found by
-    # identity rather than by a module path.
-    for function, label in (
-        (sampling.accept_rejection, "accept"),
-        (sampling.accept_greedy, "accept"),
-        (sampling.residual_sample, "residual"),
-        (sampling.draft_sample, "sample"),
-    ):
-        for module, name in _bindings(function):
-            patch(module, name, label)
-    try:
-        yield
-    finally:
-        for obj, name, original, instance in reversed(saved):
-            if instance:
-                object.__delattr__(obj, name)  # back to the class attribute
-            else:
-                setattr(obj, name, original)
-
-
 @dataclass
 class _Mode:
     """One profiled configuration: its engine and what its rounds have cost so far."""
@@ -137,7 +49,7 @@ class _Mode:
     label: str
     sampling: SamplingConfig
     engine: SpeculativeEngine
-    timers: _Timers = field(default_factory=_Timers)
+    timers: Spans = field(default_factory=Spans)
     rounds: int = 0
     total: float = 0.0
     tokens: int = 0
@@ -212,7 +124,7 @@ def run_profile(
     # to whichever mode happened to run last.
     for index, ids in enumerate(progress(encoded, desc="profile", disable=not show_progress)):
         for mode in profiled:
-            with _instrument(mode.engine, mode.timers), quiet_timing():
+            with profiling(mode.timers), quiet_timing():
                 result = mode.engine.generate(
                     ids, max_new_tokens=max_new_tokens, ignore_eos=True, seed=index
                 )

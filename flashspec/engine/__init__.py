@@ -34,7 +34,7 @@ from __future__ import annotations
 from ..drafters import load_drafters
 from ..models import TargetModel
 from ..select.policy import Arm
-from .loop import SpeculativeEngine
+from .loop import RoundView, SpeculativeEngine
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenStream
 
 # TargetModel and load_drafters: the earlier library imported them from here.
@@ -42,6 +42,7 @@ __all__ = [
     "Arm",
     "GenerationResult",
     "GenerationStats",
+    "RoundView",
     "SpeculativeEngine",
     "StreamChunk",
     "TargetModel",

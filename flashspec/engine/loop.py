@@ -4,7 +4,7 @@ verify, accept, commit, stop (see ``flashspec.engine`` for why it is exact)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ from ..models import (
     TargetModel,
     check_same_vocabulary,
 )
+from ..profiling import span
 from ..sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
 from ..select.bandit import Selector
 from ..select.policy import Arm, BanditPolicy, Outcome, Policy, ThroughputPolicy, make_policy
@@ -95,6 +96,9 @@ class SpeculativeEngine:
         sampling = config.sampling
         self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
         self._owner: object | None = None
+        self.before_round: list[Callable[[RoundView], None]] = []
+        """Hooks called before every round with its ``RoundView`` (e.g. to probe what other
+        drafters would have done); they must leave the generation as they found it."""
 
     @classmethod
     def from_pretrained(
@@ -295,9 +299,13 @@ class SpeculativeEngine:
         return self._result(gen)
 
     def _round(self, gen: Generation) -> list[StreamChunk]:
+        room, rows = round_room(gen), len(gen.live)
+        if self.before_round:
+            view = RoundView(self, gen, room)
+            for hook in self.before_round:
+                hook(view)
         start = time.perf_counter()
         stats = gen.stats
-        room, rows = round_room(gen), len(gen.live)
 
         # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
         choice = self.policy.choose(gen.tokens, gen.padding, rows, room, self.target.cached > 0)
@@ -382,7 +390,8 @@ class SpeculativeEngine:
             if learn:
                 drafter.prefill(ctx)
                 setup = time.perf_counter() - began
-        return drafter.propose(ctx, gamma), setup
+        with span("draft"):
+            return drafter.propose(ctx, gamma), setup
 
     def _draft_context(self, gen: Generation, drafter: Drafter) -> DraftContext:
         warper = (
@@ -403,13 +412,17 @@ class SpeculativeEngine:
         generator = gen.generator
         method = sampling.resolved_method
         if method == "greedy":
-            return accept_greedy(logits, proposal.tokens)
+            with span("accept"):
+                return accept_greedy(logits, proposal.tokens)
         p = gen.warper.probs(logits)
-        if method == "typical":
-            return accept_typical(
-                p, proposal.tokens, generator, sampling.typical_epsilon, sampling.typical_delta
+        with span("accept"):
+            if method == "typical":
+                return accept_typical(
+                    p, proposal.tokens, generator, sampling.typical_epsilon, sampling.typical_delta
+                )
+            return accept_rejection(
+                p, proposal.probs, proposal.tokens, generator, sampling.residual
             )
-        return accept_rejection(p, proposal.probs, proposal.tokens, generator, sampling.residual)
 
     def _drop_rows(self, gen: Generation, keep: list[int]) -> None:
         """Only the rows at positions ``keep`` of ``gen.live`` go on (tokens, padding, caches)."""
@@ -445,3 +458,38 @@ class SpeculativeEngine:
             finish_reasons=[row.finish or "length" for row in gen.rows],
             stats=gen.stats,
         )
+
+
+class RoundView:
+    """What a ``before_round`` hook sees of the round about to run.
+
+    Attributes:
+        tokens: (rows, L) committed tokens of the live rows, left padded.
+        padding: where each row's real tokens start.
+        room: tokens the round may emit per row.
+        prefilled: whether the target has read the prompt (False before the first round).
+    """
+
+    def __init__(self, engine: SpeculativeEngine, gen: Generation, room: int) -> None:
+        self._engine = engine
+        self._gen = gen
+        self.tokens = gen.tokens
+        self.padding = gen.padding
+        self.room = room
+        self.prefilled = engine.target.cached > 0
+
+    def probe(self, drafter: Drafter, gamma: int) -> tuple[Proposal, Acceptance]:
+        """Draft ``gamma`` tokens with ``drafter`` and verify them as a round would, then put
+        the target's and the drafter's caches back: what that round would have accepted
+        (``Acceptance.probability``), with nothing committed. Random draws advance the
+        generation's generator, so a sampled generation's later tokens change."""
+        engine, gen = self._engine, self._gen
+        valid = gen.tokens.shape[1] - 1
+        proposal = drafter.propose(engine._draft_context(gen, drafter), gamma)
+        logits = engine.target.verify(
+            gen.tokens[:, engine.target.cached :], proposal.tokens, gen.padding
+        )
+        acceptance = engine._accept(gen, logits, proposal)
+        engine.target.rollback(valid)
+        drafter.commit(valid)
+        return proposal, acceptance
