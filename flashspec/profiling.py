@@ -80,7 +80,7 @@ _spans: dict[str, _Span] = {}
 
 def span(label: str) -> _Span:
     """``with span("warp"): ...`` times the block while a profiler is active. Inactive, it costs
-    an attribute check on entry and exit (the span objects are made once per label)."""
+    a method call and an attribute check on entry and exit (one span object per label)."""
     found = _spans.get(label)
     if found is None:
         found = _spans[label] = _Span(label)
