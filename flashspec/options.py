@@ -49,25 +49,31 @@ class EngineOptions:
     SAMPLING = ("temperature", "top_p", "top_k", "seed", "method")
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser, *, sampling: bool = True) -> None:
-        """Add the engine flags to ``parser`` (without the sampling ones if not ``sampling``)."""
+    def add_model_arguments(
+        parser: argparse.ArgumentParser,
+        *,
+        draft_default: str | None = None,
+        draft_help: str = "draft model: local directory or hub id (default: the demo draft "
+        "with the demo target, prompt lookup otherwise)",
+    ) -> None:
+        """Add ``--target``, ``--draft`` and ``--gamma`` (also what ``flashspec bench`` reads)."""
         parser.add_argument(
             "--target", default="demo", help="local directory or hub id (default: the demo target)"
         )
+        parser.add_argument("--draft", default=draft_default, help=draft_help)
         parser.add_argument(
-            "--draft",
-            default=None,
-            help="draft model: local directory or hub id (default: the demo draft with the demo "
-            "target, prompt lookup otherwise)",
+            "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)"
         )
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, *, sampling: bool = True) -> None:
+        """Add the engine flags to ``parser`` (without the sampling ones if not ``sampling``)."""
+        EngineOptions.add_model_arguments(parser)
         parser.add_argument(
             "--drafter",
             choices=("model", "prompt-lookup"),
             default=None,
             help="'prompt-lookup' drafts by copying n-grams from the context (no draft model)",
-        )
-        parser.add_argument(
-            "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (4)"
         )
         parser.add_argument(
             "--adaptive",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _argtypes
+from ..options import EngineOptions
 from .common import DEFAULT_OUT
 
 
@@ -44,12 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         p.set_defaults(func=main)
 
     def models(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="demo", help="target: local path (default: demo)")
-        p.add_argument(
-            "--draft", default="demo-draft", help="draft: local path, or none (no draft model)"
-        )
-        p.add_argument(
-            "--gamma", type=_argtypes.positive_int, default=4, help="drafts per round (default 4)"
+        EngineOptions.add_model_arguments(
+            p, draft_default="demo-draft", draft_help="draft: local path, or none (no draft model)"
         )
         p.add_argument(
             "--threads",
