@@ -14,6 +14,7 @@ when the engine is built, never run.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -69,6 +70,7 @@ class CacheSupport:
     chunked_exact: bool
 
 
+@functools.cache  # looked up every round of a stateful model
 def _linear_mixin() -> type[Any] | None:
     from transformers import cache_utils
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 from typing import TypeGuard
 
 
-def is_int(
-    value: object, minimum: int | None = None, maximum: int | None = None
-) -> TypeGuard[int]:
+def is_int(value: object, minimum: int | None = None, maximum: int | None = None) -> TypeGuard[int]:
     """Whether ``value`` is an integer (``True``/``False`` are not) within [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, int):
         return False

@@ -287,20 +287,22 @@ PROMPT_IDS = [1, 5, 7, 3, 9, 5, 7]
 
 
 @cache
-def hybrid_pair() -> tuple[Any, Any]:
-    target = build("falcon_h1", 2, seed=10, vocab=SMALL_VOCAB)
-    draft = build("falcon_h1", 1, seed=11, vocab=SMALL_VOCAB)
+def sampling_pair(family: str) -> tuple[Any, Any]:
+    """A conditioned target (its state carries far back) and a draft that disagrees with it."""
+    target = condition(build(family, 2, seed=10, vocab=SMALL_VOCAB))
+    draft = build(family, 2, seed=11, vocab=SMALL_VOCAB)
     return target, draft
 
 
-def test_hybrid_sampling_follows_the_target() -> None:
-    """gamma = 1: when round one rejects its draft, the second token comes from a round after
-    a restore and replay, so a wrong state would move the second token's distribution."""
+def second_token_chi2(family: str) -> list[tuple[float, float]]:
+    """(statistic, critical value) of the first and second emitted tokens, gamma = 1: when
+    round one rejects its draft, the second token comes from a round after a restore and
+    replay, so a wrong state moves the second token's distribution."""
     from collections import Counter
 
     from test_engine_distribution import chi_squared
 
-    target, draft = hybrid_pair()
+    target, draft = sampling_pair(family)
     warper = Warper(temperature=1.0)
     with torch.inference_mode():
         first_p = warper.probs(target(torch.tensor([PROMPT_IDS])).logits[0, -1]).double()
@@ -322,6 +324,26 @@ def test_hybrid_sampling_follows_the_target() -> None:
             first[row[0]] += 1
             second[row[1]] += 1
     assert replays > 0
-    for counts, p in ((first, first_p), (second, second_p)):
-        stat, critical = chi_squared(counts, p)
-        assert stat < critical, f"chi2 {stat:.1f} >= {critical}"
+    return [chi_squared(counts, p) for counts, p in ((first, first_p), (second, second_p))]
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "mamba2"])
+def test_sampling_follows_the_target(family: str) -> None:
+    for stat, critical in second_token_chi2(family):
+        assert stat < critical, f"{family}: chi2 {stat:.1f} >= {critical}"
+
+
+def test_a_stale_state_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restore everything but the recurrent state on purpose (it keeps the rejected draft):
+    the second token's chi-squared test must fail."""
+    real = state.restore_snapshot
+
+    def stale(cache_: Any, snapshot: state.Snapshot, cached: int, *, copy: bool = False) -> None:
+        kept = [dict(layer.recurrent_states) for layer in state._stateful_layers(cache_)]
+        real(cache_, snapshot, cached, copy=copy)
+        for layer, recurrent in zip(state._stateful_layers(cache_), kept, strict=True):
+            layer.recurrent_states.update(recurrent)
+
+    monkeypatch.setattr("flashspec.models.restore_snapshot", stale)
+    (_, _), (stat, critical) = second_token_chi2("mamba2")
+    assert stat > critical, f"a stale state went unnoticed: chi2 {stat:.1f} < {critical}"

@@ -3,9 +3,9 @@ module each, and the helpers that research scripts in ``benchmarks/`` build on."
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .cli import add_parser, cli, main
 from .common import (
     DATA_DIR,
@@ -98,14 +98,4 @@ if TYPE_CHECKING:
     from .pair import Pair, encode, load_pair, make_pair, setup_pair
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flashspec.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
