@@ -327,7 +327,7 @@ def second_token_chi2(family: str) -> list[tuple[float, float]]:
     return [chi_squared(counts, p) for counts, p in ((first, first_p), (second, second_p))]
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "mamba2"])
+@pytest.mark.parametrize("family", ["qwen3_next", "mamba2", "mamba"])
 def test_sampling_follows_the_target(family: str) -> None:
     for stat, critical in second_token_chi2(family):
         assert stat < critical, f"{family}: chi2 {stat:.1f} >= {critical}"
