@@ -29,6 +29,7 @@ PAGES: dict[str, Path] = {
     "ADAPTIVE-BENCH": DOCS / "adaptive.md",
     "DEMO-CARD": DOCS / "demo-pair.md",
     "RECURRENT-BENCH": DOCS / "models.md",
+    "SMOLLM2": DOCS / "models.md",
 }
 RESULTS = ROOT / "benchmarks" / "results"
 KERNEL_JSON = RESULTS / "kernel.json"
@@ -38,6 +39,9 @@ REGRET_JSON = RESULTS / "regret.json"
 ADAPTIVE_JSON = RESULTS / "adaptive.json"
 SERVE_JSON = RESULTS / "serve_load.json"
 RECURRENT_JSON = RESULTS / "recurrent.json"
+SMOLLM2_JSON = RESULTS / "smollm2.json"
+SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
+SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
 HEADROOM_JSONS = (
     RESULTS / "adaptive_headroom_sample.json",
     RESULTS / "adaptive_headroom_greedy.json",
@@ -473,6 +477,112 @@ def recurrent_section(data: dict[str, Any]) -> str:
     )
 
 
+def _chat_sweep(data: dict[str, Any], title: str) -> list[str]:
+    """The gamma sweep tables of a real-model run, one per workload."""
+    from flashspec.bench.report import chat_sweep_table
+
+    sweep = data.get("gamma_sweep")
+    if not sweep:
+        return []
+    lines: list[str] = []
+    for workload, result in sweep["workloads"].items():
+        lines += [
+            "",
+            f"**{title}, {workload}** (`--drafter prompt-lookup --gamma N`, "
+            f"{len(result['prompts'])} prompts; HF prompt "
+            f"lookup {result['hf_lookup_speedup_median']:.2f}x; best gamma "
+            f"{result['best_gamma']}):",
+            "",
+            *_markdown(chat_sweep_table(data, workload)),
+        ]
+    if "best_gamma_overall" in sweep:
+        lines += [
+            "",
+            "Best gamma over both workloads (geometric mean of the medians): "
+            f"{sweep['best_gamma_overall']}.",
+        ]
+    return lines
+
+
+def smollm2_section(
+    data: dict[str, Any], profile: dict[str, Any] | None, sweep: dict[str, Any] | None = None
+) -> str:
+    """``flashspec bench engine --target smollm2`` (``smollm2.json``), its profile and a
+    larger gamma sweep (``smollm2-gamma-sweep.json``), where they exist."""
+    from flashspec.bench.report import chat_table
+
+    m, s, model, costs = data["machine"], data["settings"], data["model"], data["costs"]
+    counts, kinds = s["prompts"], s.get("copy_kinds", {})
+    kind_text = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in kinds.items() if n)
+    lines = [
+        f"{m['cpu']}, {m['cores']} cores, {m.get('torch_threads')} torch threads; torch "
+        f"{m['torch']}, transformers {m['transformers']}, Python {m['python']}; git "
+        f"{m['git_sha'][:10]}, {m['date']}; load average {m.get('loadavg_start')} at the start, "
+        f"{m.get('loadavg_end')} at the end; {data.get('wall_seconds')} s in all. Model: "
+        f"`{model['target']}` ({model['model_type']}, {model['layers']} layers x "
+        f"{model['hidden_size']}, vocabulary {model['vocab_size']:,}, "
+        f"{model['parameters'] / 1e6:.1f} M parameters). {counts.get('humaneval', 0)} HumanEval "
+        f"chat requests and {counts.get('copy', 0)} copy-heavy ones ({kind_text}), through the "
+        f"chat template; greedy, every method stops at EOS, at most {s['max_new_tokens']} new "
+        "tokens; methods interleaved per prompt (rotating order) in one process after a "
+        "warm-up. Speedup: median over prompts of the tokens/s ratio (the whole call, prefill "
+        "included) against HF `generate` in float32; the bfloat16 rows also against HF in "
+        "bfloat16, their identity reference. flashspec default = the engine `flashspec "
+        f"generate --target {model['target']}` builds: prompt lookup or plain decoding, "
+        "chosen each round by the throughput model, which also picks the draft length; "
+        f"prompt lookup every round = `--drafter prompt-lookup --gamma {s['gamma']}`. "
+        "llama.cpp runs the Q4_1 GGUF itself (quantized kernels), so its tokens differ from the "
+        "dequantized model's; its identity column counts equal outputs.",
+        "",
+    ]
+    for dtype in ("float32", "bfloat16"):
+        c = costs[dtype]
+        lines.append(
+            f"- Cost at {c['context_tokens']} tokens of context, {dtype}: a 1-token forward "
+            f"with a KV cache {c['step_ms']:.1f} ms, a {c['verify_tokens']}-token one "
+            f"{c['verify_ms']:.1f} ms ({c['verify_over_step']:.2f} steps)."
+        )
+    for note, text in s.get("notes", {}).items():
+        lines.append(f"- {note}: {text}.")
+    for workload, title in (("humaneval", "HumanEval"), ("copy", "Copy-heavy requests")):
+        if workload in data["summary"]:
+            lines += ["", f"**{title}**", "", *_markdown(chat_table(data, workload))]
+    by_kind = data.get("speedup_by_kind") or {}
+    if by_kind:
+        lines += ["", "Copy-heavy requests by kind (median speedup against HF greedy):", ""]
+        for kind, per in by_kind.items():
+            cells = ", ".join(
+                f"{m} {v:.2f}x"
+                for m, v in per.items()
+                if m in ("hf_lookup", "fs_default", "fs_lookup")
+            )
+            lines.append(f"- {kind.replace('_', ' ')}: {cells}")
+    lines += _chat_sweep(data, "gamma sweep")
+    if sweep is not None:
+        sm = sweep["machine"]
+        # The command as typed (argv[0] is the module's path under python -m).
+        command = "flashspec " + sweep["settings"].get("command", "").split(" ", 1)[-1]
+        lines += [
+            "",
+            f"A larger sweep, in a run of its own (`{command}`; git "
+            f"{sm['git_sha'][:10]}, {sm['date']}, load average {sm.get('loadavg_start')} at the "
+            f"start, {sm.get('loadavg_end')} at the end):",
+            *_chat_sweep(sweep, "gamma sweep"),
+        ]
+    if data.get("targets"):
+        lines += ["", "Against the issue's targets:", ""]
+        lines += [f"- {k}: {v}" for k, v in data["targets"].items()]
+    if profile is not None:
+        lines += [
+            "",
+            *profile_section(profile),
+            "",
+            "(Drafter: prompt lookup; prompts: HumanEval chat requests; EOS ignored so that "
+            "every prompt runs the same number of rounds.)",
+        ]
+    return "\n".join(lines)
+
+
 def _load(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -503,6 +613,10 @@ def sections() -> dict[str, str]:
         bodies["DEMO-CARD"] = DEMO_CARD.read_text().strip().replace("\n## ", "\n#### ")
     if RECURRENT_JSON.exists():
         bodies["RECURRENT-BENCH"] = recurrent_section(_load(RECURRENT_JSON))
+    if SMOLLM2_JSON.exists():
+        profile = _load(SMOLLM2_PROFILE_JSON) if SMOLLM2_PROFILE_JSON.exists() else None
+        sweep = _load(SMOLLM2_SWEEP_JSON) if SMOLLM2_SWEEP_JSON.exists() else None
+        bodies["SMOLLM2"] = smollm2_section(_load(SMOLLM2_JSON), profile, sweep)
     return bodies
 
 

@@ -62,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(\\n and \\t in a line stand for newline and tab)",
     )
     gen.add_argument(
+        "--chat",
+        default=None,
+        metavar="MESSAGE",
+        help="answer MESSAGE as a chat: the target's chat template makes the prompt and the "
+        "reply ends at its end of turn (instead of PROMPT)",
+    )
+    gen.add_argument(
+        "--system", default=None, metavar="TEXT", help="with --chat: a system message first"
+    )
+    gen.add_argument(
         "--compare",
         action="store_true",
         help="also run plain target decoding; print the speedup and whether outputs match",
@@ -73,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands)
 
-    info = commands.add_parser("info", help="versions, kernel backend, CPU features, demo pair")
+    info = commands.add_parser(
+        "info", help="versions, kernel backend, CPU features, demo pair, named models"
+    )
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
 
@@ -116,6 +128,12 @@ def build_engine(args: argparse.Namespace) -> Any:
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.chat is not None:
+        if args.prompt is not None or args.batch_file is not None:
+            raise UserError("--chat is the prompt; drop PROMPT or --batch-file")
+        return [str(args.chat)]
+    if args.system is not None:
+        raise UserError("--system goes with --chat; add --chat MESSAGE")
     if args.batch_file is not None:
         if args.prompt is not None:
             raise UserError("give either a PROMPT or --batch-file, not both")
@@ -128,8 +146,24 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
             raise UserError(f"--batch-file {args.batch_file}: no non-empty lines")
         return prompts
     if args.prompt is None:
-        raise UserError('no prompt; try: flashspec generate "def quicksort(arr):"')
+        raise UserError(
+            'no prompt; try: flashspec generate "def quicksort(arr):", or --chat "a question"'
+        )
     return [str(args.prompt)]
+
+
+def _prompt_ids(engine: Any, prompt: str, args: argparse.Namespace) -> tuple[list[int], Any]:
+    """Token ids of the one prompt (the chat template's with --chat) and its stop strings."""
+    tokenizer = engine.target.tokenizer
+    if tokenizer is None:
+        raise UserError(f"--target {args.target}: the model has no tokenizer to encode a prompt")
+    if args.chat is None:
+        return [int(t) for t in tokenizer(prompt, add_special_tokens=True)["input_ids"]], None
+    from .engine.chat import chat_ids
+
+    with _generation_errors():
+        ids, stops = chat_ids(tokenizer, prompt, args.system)
+    return ids, [list(stops)] if stops else None
 
 
 def _stats_line(stats: Any, label: str = "speculative") -> str:
@@ -152,18 +186,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     quiet_libraries()
     engine = build_engine(args)
     out = sys.stdout
+    ids, stops = _prompt_ids(engine, prompts[0], args) if len(prompts) == 1 else ([], None)
     if args.compare:
         # One short warm-up of both paths, so neither timing includes first-call set-up.
         with _generation_errors():
-            engine.generate(prompts[0], max_new_tokens=2)
-        _plain_generate(engine, prompts[0], 2, args)
+            engine.generate([ids], max_new_tokens=2)
+        _plain_generate(engine, ids, 2, args)
 
     if len(prompts) == 1:
         # Arguments are checked when the stream is made, before anything is printed.
         with _generation_errors():
-            stream = engine.stream(prompts[0], max_new_tokens=args.max_new_tokens)
-        out.write(prompts[0])
-        out.flush()
+            stream = engine.stream([ids], max_new_tokens=args.max_new_tokens, stop=stops)
+        if args.chat is None:
+            out.write(prompts[0])
+            out.flush()
         for piece in stream.text():
             out.write(piece)
             out.flush()
@@ -180,8 +216,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.compare:
         start = time.perf_counter()
-        plain = _plain_generate(engine, prompts[0], args.max_new_tokens, args)
+        plain = _plain_generate(engine, ids, args.max_new_tokens, args)
         plain_s = time.perf_counter() - start
+        if result.finish_reasons[0] == "stop":
+            # HF generate knows no stop strings: compare up to where the engine stopped.
+            plain = plain[: len(result.tokens[0])]
         spec_s = result.stats.time_total
         speedup = plain_s / spec_s if spec_s > 0 else float("nan")
         print(
@@ -194,9 +233,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             from ._greedy import compare_greedy
 
             target = engine.target
-            prompt_ids = target.tokenizer(prompts[0], add_special_tokens=True)["input_ids"]
             comparison = compare_greedy(
-                target.model, prompt_ids, list(result.tokens[0]), plain, target.max_context
+                target.model, ids, list(result.tokens[0]), plain, target.max_context
             )
             if comparison.status == "identical":
                 print("[compare] greedy outputs identical", file=sys.stderr, flush=True)
@@ -205,8 +243,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(
                     f"[compare] greedy outputs DIFFER from token {comparison.at}"
                     + (
-                        f", where the target's top two logits are {comparison.gap:.1e} apart "
-                        "(a floating-point tie, not an error)"
+                        f", where its token's logit is {comparison.gap:.1e} below the "
+                        "target's top one, within rounding (a floating-point tie, not an error)"
                         if tie
                         else ""
                     ),
@@ -235,14 +273,13 @@ def _generation_errors() -> Iterator[None]:
 
 
 def _plain_generate(
-    engine: Any, prompt: str, max_new_tokens: int, args: argparse.Namespace
+    engine: Any, prompt_ids: list[int], max_new_tokens: int, args: argparse.Namespace
 ) -> list[int]:
     """The target's own decoding (HF ``generate``), new token ids only."""
     import torch
 
     target = engine.target
-    ids = target.tokenizer(prompt, add_special_tokens=True, return_tensors="pt")["input_ids"]
-    ids = ids.to(target.device)
+    ids = torch.tensor([prompt_ids], dtype=torch.int64, device=target.device)
     eos = target.eos_token_ids
     options: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
@@ -333,6 +370,17 @@ def info() -> dict[str, Any]:
             "size_mb": card.get("size_mb"),
         }
     report["demo_pair"] = demo
+    from .loading import NAMED_MODELS, cache_dir
+
+    named: dict[str, Any] = {}
+    for name, model in NAMED_MODELS.items():
+        path = model.locate()
+        named[name] = str(path) if path is not None else f"not installed ({model.install})"
+    report["named_models"] = named
+    report["gguf"] = {
+        "support": all(_version_of(p) != "not installed" for p in ("gguf", "accelerate")),
+        "cache": str(cache_dir() / "gguf"),
+    }
     return report
 
 

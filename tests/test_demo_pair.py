@@ -59,9 +59,9 @@ def test_names_resolve_to_the_bundled_pair() -> None:
 def test_missing_demo_drafter_is_a_clear_error(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import flashspec.models
+    import flashspec.loading.pretrained
 
-    monkeypatch.setattr(flashspec.models, "DEMO_DIR", tmp_path)
+    monkeypatch.setattr(flashspec.loading.pretrained, "DEMO_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match=r"bundled demo model is missing .*drafters="):
         resolve_model_path(name)
 

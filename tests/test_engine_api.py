@@ -308,11 +308,11 @@ def test_package_exports_load_the_engine_lazily() -> None:
 def test_missing_demo_pair_is_a_clear_error(
     name: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import flashspec.models
+    import flashspec.loading.pretrained
 
     assert flashspec.resolve_model_path("/some/dir") == "/some/dir"
     # An installation whose package data lost the pair (e.g. a trimmed sdist build).
-    monkeypatch.setattr(flashspec.models, "DEMO_DIR", tmp_path)
+    monkeypatch.setattr(flashspec.loading.pretrained, "DEMO_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match=r"demo .*target="):
         SpeculativeEngine.from_pretrained(target=name)
 

@@ -66,8 +66,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument(
             "--humaneval",
             type=_argtypes.nonnegative_int,
-            default=20,
-            help="HumanEval prompts (first N)",
+            default=None,
+            help="HumanEval prompts (first N; default 20, 12 for a real model)",
         )
         p.add_argument(
             "--stdlib", type=_argtypes.nonnegative_int, default=10, help="held-out stdlib prefixes"
@@ -76,10 +76,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument(
             "--sweep-prompts",
             type=_argtypes.nonnegative_int,
-            default=8,
-            help="prompts in the gamma sweep",
+            default=None,
+            help="prompts in the gamma sweep (default 8; a real model: 4 of each workload)",
         )
-        p.add_argument("--sweep-gammas", default="1,2,3,4,5,6,7,8", help="gamma values to sweep")
+        p.add_argument(
+            "--sweep-gammas",
+            default=None,
+            help="gamma values to sweep (default 1,...,8; a real model: 2,3,4,6,8,10)",
+        )
         p.add_argument("--no-sweep", action="store_true", help="skip the gamma sweep")
         p.add_argument(
             "--methods", default=None, help="comma-separated subset of methods (default: all)"
@@ -91,7 +95,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common(engine)
     models(engine)
     engine_options(engine)
-    engine.add_argument("--name", default="engine", help="result file stem (default engine)")
+    engine.add_argument(
+        "--name",
+        default="engine",
+        help="result file stem (default engine; for a real model its name, e.g. smollm2)",
+    )
+    engine.add_argument(
+        "--copy",
+        type=_argtypes.nonnegative_int,
+        default=None,
+        help="a real model: copy-heavy chat requests (rename, docstring, type hints, quote a "
+        "text; default 16)",
+    )
+    engine.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="a real model: skip the llama.cpp rows (they need llama-cpp-python and a GGUF)",
+    )
 
     kernel = which.add_parser("kernel", help="residual kernel vs NumPy, torch and C")
     common(kernel)
@@ -104,7 +124,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--prompts", type=_argtypes.positive_int, default=6, help="HumanEval prompts profiled"
     )
     profile.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
-    profile.add_argument("--name", default="profile", help="result file stem (default profile)")
+    profile.add_argument(
+        "--name",
+        default="profile",
+        help="result file stem (default profile; for a real model profile-NAME)",
+    )
 
     from .regret import add_arguments as regret_arguments
 

