@@ -30,8 +30,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 
 from .._greedy import compare_greedy
+from . import runner
 from .chat_requests import COPY_KINDS as COPY_KINDS
 from .chat_requests import ChatRequest as ChatRequest
 from .chat_requests import chat_ids as chat_ids
@@ -83,49 +83,16 @@ def baseline_of(method: str) -> str:
 
 
 @dataclass
-class Run:
-    """One method on one prompt."""
+class Run(runner.Run):
+    """One method on one prompt, with the rounds per arm of an engine that chooses."""
 
-    tokens: list[int]
-    seconds: float
-    rounds: int | None = None
-    drafted: int | None = None
-    accepted: int | None = None
     arm_rounds: dict[str, int] | None = None
 
     def record(self) -> dict[str, Any]:
-        n = len(self.tokens)
-        out: dict[str, Any] = {
-            "seconds": round(self.seconds, 5),
-            "new_tokens": n,
-            "tokens_per_second": round(n / self.seconds, 3) if self.seconds > 0 else 0.0,
-            "rounds": self.rounds,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "tokens_per_round": round(n / self.rounds, 4) if self.rounds else None,
-            "acceptance_rate": (
-                round(self.accepted / self.drafted, 4)
-                if self.drafted and self.accepted is not None
-                else None
-            ),
-        }
+        out = super().record()
         if self.arm_rounds is not None:
             out["arm_rounds"] = dict(self.arm_rounds)
         return out
-
-
-@contextmanager
-def _forward_counter(model: Any) -> Iterator[list[int]]:
-    count = [0]
-
-    def hook(*_: Any) -> None:
-        count[0] += 1
-
-    handle = model.register_forward_hook(hook)
-    try:
-        yield count
-    finally:
-        handle.remove()
 
 
 def llamacpp_module() -> tuple[Any, str | None]:
@@ -286,7 +253,7 @@ class ChatMethods:
         }
         if method == "hf_lookup":
             kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
-        with _forward_counter(model) as calls, quiet_timing(), torch.inference_mode():
+        with runner.forward_counter(model) as calls, quiet_timing(), torch.inference_mode():
             start = time.perf_counter()
             out = model.generate(x, **kwargs)
             seconds = time.perf_counter() - start

@@ -96,7 +96,7 @@ class Run:
 
 
 @contextmanager
-def _forward_counter(model: Any) -> Iterator[list[int]]:
+def forward_counter(model: Any) -> Iterator[list[int]]:
     count = [0]
 
     def hook(*_: Any) -> None:
@@ -203,9 +203,9 @@ class Runner:
         elif method == "hf_lookup":
             kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
         counting = method.startswith(("hf_assisted", "hf_lookup"))
-        with _forward_counter(pair.target) as target_calls, quiet_timing():
+        with forward_counter(pair.target) as target_calls, quiet_timing():
             if counting and pair.draft is not None:
-                with _forward_counter(pair.draft) as draft_calls:
+                with forward_counter(pair.draft) as draft_calls:
                     start = time.perf_counter()
                     out = pair.target.generate(x, **kwargs)
                     seconds = time.perf_counter() - start
