@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from ..engine import chat as engine_chat
 from .common import HUMANEVAL
 
 COPY_KINDS = ("rename", "docstring", "type_hints", "text")
@@ -184,15 +183,6 @@ def copy_prompts(n: int, max_chars: int = 900, first_task: int = 100) -> list[Ch
 
 
 def chat_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
-    """The request's token ids through the tokenizer's chat template, ready for the answer."""
-    messages = [{"role": "user", "content": request.user}]
-    encoded = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    if isinstance(encoded, dict) or hasattr(encoded, "keys"):
-        encoded = encoded["input_ids"]
-    if isinstance(encoded, torch.Tensor):
-        encoded = encoded.tolist()
-    if encoded and isinstance(encoded[0], list):
-        encoded = encoded[0]
-    return [int(t) for t in encoded]
+    """The request's token ids as ``engine.chat`` and ``generate --chat`` make them."""
+    ids, _ = engine_chat.chat_ids(tokenizer, request.user)
+    return ids
