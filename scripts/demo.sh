@@ -9,7 +9,7 @@
 #                                                flashspec generate (e.g. --dtype bfloat16)
 #   FLASHSPEC_DEMO=offline bash scripts/demo.sh  the bundled demo pair instead (no model
 #                                                package; a code prompt, not a chat)
-# The first run converts the GGUF file once (about a minute); later runs load in seconds.
+# The first run converts the GGUF file once (the slow part); later runs load the converted copy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
