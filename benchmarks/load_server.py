@@ -1,20 +1,25 @@
-"""Load test of ``flashspec serve``: throughput and latency at 1, 4 and 16 concurrent clients.
+"""Load test of ``flashspec serve``: throughput and latency at 1, 4, 16 and 32 concurrent clients.
 
-    python benchmarks/load_server.py                       # demo pair, batched vs unbatched
+    python benchmarks/load_server.py                       # demo pair, the three modes
     python benchmarks/load_server.py --requests 16 --max-tokens 64
+    python benchmarks/load_server.py --modes continuous static --concurrency 16 32
     python benchmarks/load_server.py --url http://127.0.0.1:8000 --api-key KEY   # a running one
 
-Without ``--url`` the script loads the engine once and serves it in-process, batched
-(``--max-batch``, default 16) and unbatched (max_batch 1), alternating at each level. Each client
-sends ``--requests`` streaming greedy completions one after another (HumanEval prompts, in
-turn); a request's latency runs from sending it to its last byte, its time to first token to
-the first chunk with text. Throughput is completion tokens (the server's usage counts) and
-requests per second of wall time over the whole level. The clients are threads of the same
-process as an in-process server, so they share its GIL (their work is small: socket reads and
-a JSON parse per chunk).
+Without ``--url`` the script loads the engine once and serves it in-process in three modes:
+``continuous`` (``--max-batch``, default 16, requests join the running batch between rounds),
+``static`` (the same ``--max-batch``, requests wait for the next batch) and ``unbatched``
+(max_batch 1). At each level every mode runs once, in an order that rotates from level to
+level. Each client sends ``--requests`` streaming greedy completions one after another
+(HumanEval prompts, in turn); a request's latency runs from sending it to its last byte, its
+time to first token to the first chunk with text. Throughput is completion tokens (the
+server's usage counts) and requests per second of wall time over the whole level. The clients
+are threads of the same process as an in-process server, so they share its GIL (their work is
+small: socket reads and a JSON parse per chunk).
 
-Writes ``benchmarks/results/serve_load.json`` (machine, versions and git sha from
-``flashspec.bench.machine_info``) and prints a table. Not a test: numbers depend on the load.
+Writes ``benchmarks/results/serve_load.json`` (or ``--out``: machine, versions and git sha from
+``flashspec.bench.machine_info``; one entry per level and mode, with its ``mode``, ``batching``
+and ``max_batch``; each batched mode's tokens/s over unbatched's) and prints a table. Not a
+test: numbers depend on the load.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ import numpy as np
 from flashspec.bench import humaneval_prompts, machine_info, write_json
 
 DEFAULT_OUT = Path("benchmarks") / "results" / "serve_load.json"
+# mode -> the server's batching, and whether it uses --max-batch (else 1 row at a time).
+MODES: dict[str, tuple[str, bool]] = {
+    "continuous": ("continuous", True),
+    "static": ("static", True),
+    "unbatched": ("static", False),
+}
 
 
 def one_request(
@@ -154,7 +165,7 @@ def run_server(
         run_level(host, port, clients, args.requests, prompts, args.max_tokens, args.api_key)
     )
     print(
-        f"{label:>9} clients {clients:>2}: {row['tokens_per_s']:8.1f} tok/s "
+        f"{label:>10} clients {clients:>2}: {row['tokens_per_s']:8.1f} tok/s "
         f"{row['requests_per_s']:6.2f} req/s  latency p50 {row['latency_s'].get('p50', 0):.2f}"
         f" p90 {row['latency_s'].get('p90', 0):.2f} p99 {row['latency_s'].get('p99', 0):.2f}"
         f"  ttft p50 {row['ttft_s'].get('p50', 0):.2f} s"
@@ -165,6 +176,20 @@ def run_server(
     return row
 
 
+def speedups(rows: list[dict[str, Any]], levels: list[int]) -> dict[str, dict[str, float]]:
+    """Each batched mode's tokens/s over unbatched's at the same level: {mode: {clients: x}}."""
+    out: dict[str, dict[str, float]] = {}
+    for clients in levels:
+        by_mode = {r["mode"]: r for r in rows if r["clients"] == clients}
+        base = by_mode.get("unbatched", {}).get("tokens_per_s")
+        if not base:
+            continue
+        for label, row in by_mode.items():
+            if label != "unbatched":
+                out.setdefault(label, {})[str(clients)] = round(row["tokens_per_s"] / base, 2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="load a running server instead")
@@ -173,11 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default=None, help="in-process: draft model")
     parser.add_argument("--requests", type=int, default=8, help="requests per client (8)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (32)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--max-batch", type=int, default=16, help="batched run's max_batch")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        default=list(MODES),
+        help="in-process: the server modes to compare (all three)",
+    )
+    parser.add_argument("--max-batch", type=int, default=16, help="batched modes' max_batch")
     parser.add_argument("--prompts", type=int, default=32, help="HumanEval prompts to cycle")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"({DEFAULT_OUT})")
     args = parser.parse_args(argv)
 
     machine = machine_info()  # before the runs: it records the load average at the start
@@ -204,13 +236,21 @@ def main(argv: list[str] | None = None) -> int:
         settings["torch_threads"] = torch.get_num_threads()
         drafters = [args.draft] if args.draft else None
         engine = SpeculativeEngine.from_pretrained(args.target, drafters)
-        # One engine, one server at a time (an engine has one worker). Batched and unbatched
-        # alternate per level, in turn first, so drift in the machine's load hits both alike.
-        modes = [("unbatched", 1), ("batched", args.max_batch)]
+        # One engine, one server at a time (an engine has one worker). The modes' order
+        # rotates per level, so drift in the machine's load does not always hit the same one.
+        modes = list(dict.fromkeys(args.modes))
         for level, clients in enumerate(args.concurrency):
-            for label, max_batch in modes if level % 2 == 0 else modes[::-1]:
+            shift = level % len(modes)
+            for label in modes[shift:] + modes[:shift]:
+                batching, batched = MODES[label]
+                max_batch = args.max_batch if batched else 1
                 app = create_app(
-                    engine, model_name="load", max_batch=max_batch, max_queue=1024, timeout_s=3600
+                    engine,
+                    model_name="load",
+                    max_batch=max_batch,
+                    max_queue=1024,
+                    timeout_s=3600,
+                    batching=batching,
                 )
                 with ServerThread(app) as server:
                     rows.append(
@@ -221,25 +261,21 @@ def main(argv: list[str] | None = None) -> int:
                             args,
                             prompts,
                             clients,
-                            {"max_batch": max_batch},
+                            {"batching": batching, "max_batch": max_batch},
                         )
                     )
 
-    speedup: dict[str, float] = {}
-    for clients in args.concurrency:
-        by_mode = {r["mode"]: r for r in rows if r["clients"] == clients}
-        if "batched" in by_mode and "unbatched" in by_mode and by_mode["unbatched"]["tokens_per_s"]:
-            speedup[str(clients)] = round(
-                by_mode["batched"]["tokens_per_s"] / by_mode["unbatched"]["tokens_per_s"], 2
-            )
-    if speedup:
-        print(f"batched/unbatched tokens/s by clients: {speedup}", file=sys.stderr)
+    speedup = speedups(rows, args.concurrency)
+    for label, by_clients in speedup.items():
+        print(f"{label}/unbatched tokens/s by clients: {by_clients}", file=sys.stderr)
     data = {
         "benchmark": "serve_load",
         "machine": machine,
         "settings": settings,
         "runs": rows,
-        "batched_speedup_tokens_per_s": speedup,
+        "speedup_tokens_per_s": speedup,
+        # The earlier file's key: "batched" was static batching.
+        "batched_speedup_tokens_per_s": speedup.get("static", {}),
     }
     write_json(data, args.out)
     return 0

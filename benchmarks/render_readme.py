@@ -4,7 +4,7 @@
 
 The figures in the README and the docs are never typed by hand: this script renders them
 from the JSON that the benchmarks wrote (``flashspec bench
-kernel|engine|profile|regret|adaptive|recurrent``, ``benchmarks/load_server.py``,
+kernel|engine|profile|regret|adaptive|recurrent|batch``, ``benchmarks/load_server.py``,
 ``benchmarks/adaptive_headroom.py``), with the machine, versions and git sha recorded there.
 Each section goes between ``<!-- TAG:START -->`` and ``<!-- TAG:END -->`` in the page that
 ``PAGES`` names. Sections whose JSON is missing are left as they are.
@@ -25,6 +25,7 @@ PAGES: dict[str, Path] = {
     "SUMMARY": README,
     "ENGINE-BENCH": DOCS / "benchmarks.md",
     "SERVE-LOAD": DOCS / "benchmarks.md",
+    "BATCH-BENCH": DOCS / "benchmarks.md",
     "KERNEL-BENCH": DOCS / "kernel.md",
     "ADAPTIVE-BENCH": DOCS / "adaptive.md",
     "DEMO-CARD": DOCS / "demo-pair.md",
@@ -42,6 +43,8 @@ RECURRENT_JSON = RESULTS / "recurrent.json"
 SMOLLM2_JSON = RESULTS / "smollm2.json"
 SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
 SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
+# flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
+BATCH_JSON = RESULTS / "batch.json"
 HEADROOM_JSONS = (
     RESULTS / "adaptive_headroom_sample.json",
     RESULTS / "adaptive_headroom_greedy.json",
@@ -436,25 +439,80 @@ def _order_and_seeds(settings: dict[str, Any]) -> str:
     return f" in a random order per prompt; greedy makes one pass, sampled {passes}"
 
 
+_SERVE_MODES = {"unbatched": 0, "static": 1, "batched": 1, "continuous": 2}
+
+
 def serve_section(data: dict[str, Any]) -> str:
     s = data["settings"]
+    modes = s.get("modes", ["batched", "unbatched"])
     lines = [
         f"`python benchmarks/load_server.py` ({_versions(data['machine'])}): the demo pair, "
         f"{s['requests']} requests per client of {s['max_tokens']} new tokens, HumanEval "
-        f"prompts, clients in the server's process; batched = `--max-batch {s['max_batch']}`, "
-        "unbatched = `--max-batch 1`; the two modes alternate at each level.",
+        f"prompts, clients in the server's process; continuous = `--batching continuous "
+        f"--max-batch {s['max_batch']}` (requests join the running batch between rounds), "
+        f"static = `--batching static --max-batch {s['max_batch']}` (they wait for the next "
+        "batch), unbatched = `--max-batch 1`; the modes "
+        f"({', '.join(modes)}) alternate at each level. Ratios: tokens/s over the same "
+        "level's static and unbatched runs.",
         "",
-        "| clients | mode | tokens/s | requests/s | latency p50 / p90 / p99 (s) | TTFT p50 (s) |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| clients | mode | tokens/s | vs static | vs unbatched | requests/s "
+        "| latency p50 / p90 / p99 (s) | TTFT p50 / p99 (s) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    runs = sorted(data["runs"], key=lambda r: (r["clients"], r["mode"] != "unbatched"))
+    runs = sorted(data["runs"], key=lambda r: (r["clients"], _SERVE_MODES.get(r["mode"], 3)))
+    by_level = {(r["clients"], r["mode"]): r["tokens_per_s"] for r in runs}
+
+    def ratio(r: dict[str, Any], other: str) -> str:
+        base = by_level.get((r["clients"], other)) or by_level.get((r["clients"], "batched"))
+        if not base or r["mode"] == other:
+            return ""
+        return f"{r['tokens_per_s'] / base:.2f}x"
+
     for r in runs:
-        lat = r["latency_s"]
+        lat, ttft = r["latency_s"], r["ttft_s"]
         lines.append(
-            f"| {r['clients']} | {r['mode']} | {r['tokens_per_s']:.1f} | "
-            f"{r['requests_per_s']:.2f} | {lat['p50']:.2f} / {lat['p90']:.2f} / "
-            f"{lat['p99']:.2f} | {r['ttft_s']['p50']:.2f} |"
+            f"| {r['clients']} | {r['mode']} | {r['tokens_per_s']:.1f} | {ratio(r, 'static')} | "
+            f"{ratio(r, 'unbatched')} | {r['requests_per_s']:.2f} | {lat['p50']:.2f} / "
+            f"{lat['p90']:.2f} / {lat['p99']:.2f} | {ttft['p50']:.2f} / {ttft['p99']:.2f} |"
         )
+    return "\n".join(lines)
+
+
+def batch_section(runs: list[dict[str, Any]]) -> str:
+    """``flashspec bench batch`` runs (``batch.json``, ``batch-*.json``): one table each."""
+    from flashspec.bench.batch import table, target_lines
+
+    lines: list[str] = []
+    for data in runs:
+        m, s, pair = data["machine"], data["settings"], data["pair"]
+        drafter = pair["drafter"]
+        drafted = "prompt lookup" if drafter == "prompt_lookup" else f"`{Path(drafter).name}`"
+        lengths, passes = s["prompt_tokens"], s["repeats"]
+        lines += [
+            *([""] if lines else []),
+            f"**`{Path(pair['target']).name}`** drafted by {drafted} ({m['cpu']}, "
+            f"{m['cores']} cores, {m.get('torch_threads')} torch threads; torch {m['torch']}, "
+            f"transformers {m['transformers']}, Python {m['python']}; git {m['git_sha'][:10]}, "
+            f"{m['date']}; load average {m.get('loadavg_start')} at the start, "
+            f"{m.get('loadavg_end')} at the end; {data.get('wall_seconds')} s in all). The "
+            f"first {s['prompts']} HumanEval prompts (their last {s['max_prompt_tokens']} "
+            f"tokens at most: {min(lengths)} to {max(lengths)}), cut into batches of B consecutive "
+            f"prompts, left padded; {s['max_new_tokens']} new tokens per row, greedy, EOS "
+            f"ignored; gamma = {s['gamma']}. At each B: fresh engines and a warm-up, then "
+            f"{passes} pass{'' if passes == 1 else 'es'} over the prompts, the methods "
+            "alternating batch by batch. "
+            "Medians over the passes; the speedup is the median of each pass's tokens/s ratio "
+            "to HF batched `generate` at the same B (range in brackets). Tokens/round: tokens "
+            "per row per round (`GenerationStats.mean_tokens_per_round`; HF: per step). Rows "
+            "identical: rows whose tokens equal HF's at the same B in every pass (a tie: they "
+            "differ first where the target's top-2 logits are within the tie rule).",
+            "",
+            table(data),
+            "",
+            "Against the issue's targets (from the same run):",
+            "",
+            *target_lines(data),
+        ]
     return "\n".join(lines)
 
 
@@ -597,6 +655,10 @@ def sections() -> dict[str, str]:
         bodies["ENGINE-BENCH"] = engine_section(engine, profile, PAGES["ENGINE-BENCH"])
     if SERVE_JSON.exists():
         bodies["SERVE-LOAD"] = serve_section(_load(SERVE_JSON))
+    batch_runs = [BATCH_JSON] if BATCH_JSON.exists() else []
+    batch_runs += sorted(RESULTS.glob("batch-*.json"))
+    if batch_runs:
+        bodies["BATCH-BENCH"] = batch_section([_load(path) for path in batch_runs])
     if KERNEL_JSON.exists():
         bodies["KERNEL-BENCH"] = kernel_section(_load(KERNEL_JSON), PAGES["KERNEL-BENCH"])
     adaptive_lines: list[str] = []

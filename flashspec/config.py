@@ -156,6 +156,10 @@ class SamplingConfig:
 SelectorKind = Literal["model", "ucb1", "thompson"]
 _SELECTORS = ("model", "ucb1", "thompson")
 SelectionContext = Literal["none", "lookup"]
+Batching = Literal["ragged", "lockstep"]
+BatchDrafting = Literal["follow", "fixed"]
+_BATCH_DRAFTING = ("follow", "fixed")
+_BATCHING = ("ragged", "lockstep")
 _CONTEXTS = ("none", "lookup")
 
 
@@ -194,6 +198,13 @@ class BanditConfig:
             draft nothing): which arm pays differs a lot between the two, and whether there is
             a match is known before the round, from committed tokens only. Needs a
             ``PromptLookupDrafter`` among the drafters. ``"none"``: one set of statistics.
+        batches: with a single fixed arm (one drafter, no ``gammas``, no ``plain``): in rounds
+            of two or more rows, ``"follow"`` (the default) lets the throughput model choose
+            the draft length, or plain decoding, from the batch's measured costs: verification
+            reads rows x (gamma + 1) tokens, so the length that pays shrinks as the batch
+            grows, to none. ``"fixed"``: the arm as configured at every batch size. A batch of
+            one, and a seeded sampled generation (whose draws must not depend on timings),
+            always run the arm as configured.
         n_arms: the earlier library's field: if set, the number of arms the engine must end
             up with (checked when it is built).
         strategy: the earlier library's name for ``selector`` (the same values).
@@ -206,6 +217,7 @@ class BanditConfig:
     plain: bool = False
     seed: int | None = None
     context: SelectionContext = "none"
+    batches: BatchDrafting = "follow"
     n_arms: int | None = None
     strategy: SelectorKind | None = None
 
@@ -256,6 +268,10 @@ class BanditConfig:
                     "BanditConfig.gammas is empty; use None for SamplingConfig.gamma alone"
                 )
             self.gammas = tuple(dict.fromkeys(int(g) for g in self.gammas))
+        if self.batches not in _BATCH_DRAFTING:
+            raise ValueError(
+                f"BanditConfig.batches must be one of {_BATCH_DRAFTING}, got {self.batches!r}"
+            )
         if not isinstance(self.plain, bool):
             raise ValueError(f"BanditConfig.plain must be True or False, got {self.plain!r}")
         if self.seed is not None and not is_int(self.seed):
@@ -274,6 +290,11 @@ class FlashSpecConfig:
         target_name, drafter_name: the target and drafter ``SpeculativeEngine.from_pretrained``
             loads when it is given none (the earlier library's fields).
         max_new_tokens: the default of ``generate``/``stream`` (128 when None).
+        batching: how the rows of a batch advance. ``"ragged"`` (the default): every row
+            commits its own accepted drafts each round, as it would alone. ``"lockstep"``: every
+            row emits as many tokens as the row that accepted fewest (the earlier engine; kept
+            to measure against). Models whose cache cannot move rows along the columns
+            (sliding-window layers, recurrent state) always run in lockstep; both are exact.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -283,8 +304,13 @@ class FlashSpecConfig:
     target_name: str | None = None
     drafter_name: str | None = None
     max_new_tokens: int | None = None
+    batching: Batching = "ragged"
 
     def __post_init__(self) -> None:
+        if self.batching not in _BATCHING:
+            raise ValueError(
+                f"FlashSpecConfig.batching must be one of {_BATCHING}, got {self.batching!r}"
+            )
         for name in ("target_name", "drafter_name"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -99,6 +99,23 @@ class Drafter(ABC):
     def select_rows(self, index: torch.Tensor) -> None:  # noqa: B027
         """Keep only the batch rows in ``index``."""
 
+    # Ragged batches (``flashspec._layout``): rows commit their own counts, and rows join a
+    # running batch. The engine then calls ``keep_rows`` instead of ``commit``, and ``add_rows``.
+
+    @property
+    def shiftable(self) -> bool:
+        """Whether this drafter can serve ragged batches: by default, a drafter that keeps no
+        state between rounds (it does not override ``commit``). Otherwise the engine keeps
+        batches in lockstep."""
+        return type(self).commit is Drafter.commit
+
+    def keep_rows(self, lengths: Sequence[int]) -> None:  # noqa: B027
+        """Row b's first ``lengths[b]`` committed tokens are still correct in any cached state
+        (the ragged ``commit``)."""
+
+    def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:  # noqa: B027
+        """Rows joined the batch: ``tokens`` (n, L) right-aligned, laid out by ``padding``."""
+
 
 class ModelDrafter(Drafter):
     """A small causal LM with the target's vocabulary, drafting incrementally on its own KV cache.
@@ -144,7 +161,7 @@ class ModelDrafter(Drafter):
         if gamma <= 0:
             return _no_drafts(ctx.tokens)
         threshold = ctx.confidence_threshold
-        feed = ctx.tokens[:, lm.cached :]
+        last: torch.Tensor | None = None  # the previous draft, fed after the committed tokens
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         for i in range(gamma):
@@ -152,7 +169,7 @@ class ModelDrafter(Drafter):
                 # A stateful drafter keeps a copy of its state at each committed-or-drafted
                 # column, so commit() returns to the accepted one without feeding anything again.
                 lm.mark()
-            logits = lm.forward(feed, ctx.padding, keep=1)[:, -1]
+            logits = lm.feed(ctx.tokens, ctx.padding, last, keep=1)[:, -1]
             if ctx.warper.greedy:
                 token = logits.max(dim=-1).indices
                 probs = logits.float().softmax(dim=-1) if threshold is not None else None
@@ -161,22 +178,27 @@ class ModelDrafter(Drafter):
                 token = draft_sample(probs, ctx.generator, ctx.residual)
                 dists.append(probs)
             drafts.append(token)
-            last = i + 1 == gamma
             if (
-                not last
+                i + 1 < gamma
                 and threshold is not None
                 and probs is not None
                 and _unsure(probs, threshold)
             ):
                 break
-            feed = token.unsqueeze(1)
+            last = token.unsqueeze(1)
         return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
 
     def prefill(self, ctx: DraftContext) -> None:
         """Feed the prompt (all but its last token, which ``propose`` feeds) into the cache."""
         lm = self._lm
         end = ctx.tokens.shape[1] - 1
-        if end > lm.cached and (lm.max_context is None or end <= lm.max_context):
+        if lm.max_context is not None and end > lm.max_context:
+            return
+        if lm.rows is not None:
+            held = lm.rows.lengths or [0] * len(ctx.padding.lefts)
+            if any(end - left > n for left, n in zip(ctx.padding.lefts, held, strict=True)):
+                lm.feed(ctx.tokens[:, :end], ctx.padding, keep=1)
+        elif end > lm.cached:
             lm.forward(ctx.tokens[:, lm.cached : end], ctx.padding, keep=1)
 
     def commit(self, valid: int) -> None:
@@ -187,6 +209,19 @@ class ModelDrafter(Drafter):
     def select_rows(self, index: torch.Tensor) -> None:
         """Drop finished rows from the cache."""
         self._lm.select_rows(index)
+
+    @property
+    def shiftable(self) -> bool:
+        """Whether the draft model's cache serves ragged batches (``CausalLM.shiftable``)."""
+        return self._lm.shiftable
+
+    def keep_rows(self, lengths: Sequence[int]) -> None:
+        """Trim each row of the cache to its committed tokens."""
+        self._lm.keep_rows(lengths)
+
+    def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
+        """Read the joining rows into the cache (see ``CausalLM.add_rows``)."""
+        self._lm.add_rows(tokens, padding)
 
 
 def _unsure(probs: torch.Tensor, threshold: float) -> bool:

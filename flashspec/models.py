@@ -16,6 +16,14 @@ from typing import Any
 import torch
 
 from ._compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache
+from ._layout import (
+    RowLayout,
+    append_rows,
+    append_zero_rows,
+    gather_columns,
+    pad_columns,
+    shiftable,
+)
 from ._state import (
     CHECK_TOLERANCE,
     CacheSupport,
@@ -78,6 +86,19 @@ class Padding:
     def select(self, index: torch.Tensor) -> Padding:
         """The layout of the rows in ``index``."""
         return Padding(self.left.index_select(0, index))
+
+    def shifted(self, shifts: Sequence[int]) -> Padding:
+        """The layout after row b moved ``shifts[b]`` columns to the right."""
+        return Padding(self.left + torch.tensor(list(shifts), device=self.left.device))
+
+    def dropped(self, count: int) -> Padding:
+        """The layout after the first ``count`` columns (padding in every row) were removed."""
+        return Padding(self.left - count)
+
+    @staticmethod
+    def stack(layouts: Sequence[Padding]) -> Padding:
+        """The rows of ``layouts``, one after another."""
+        return Padding(torch.cat([layout.left for layout in layouts]))
 
 
 def _eos_ids(*sources: Any) -> list[int]:
@@ -158,10 +179,20 @@ class CausalLM:
         # Read once: HF config attribute access is slow enough to show up per round.
         self.vocab_size = _logit_width(model)
         self.max_context = _max_positions(self.config)
-        self.support: CacheSupport = check_support(model, new_cache(model), role)
+        fresh = new_cache(model)
+        self.support: CacheSupport = check_support(model, fresh, role)
+        # Rows can keep their own columns (ragged batches, ``flashspec._layout``) only in a
+        # plain attention cache of a model that takes positions and a mask.
+        self.shiftable = (
+            not self.support.stateful
+            and shiftable(fresh)
+            and self.signature.position_ids
+            and self.signature.attention_mask
+        )
         self.state_mode: StateMode = state_mode()
         self.cache: Any = None
         self.cached = 0
+        self.rows: RowLayout | None = None
         self._sliding = False
         # Stateful models: state copies by committed column, kept within one round.
         self._marks: dict[int, Snapshot] = {}
@@ -191,14 +222,78 @@ class CausalLM:
         """Start a new generation: empty cache."""
         self.cache = new_cache(self.model)
         self.cached = 0
+        self.rows = RowLayout() if self.shiftable else None
         self._sliding = has_sliding_layers(self.cache)
         self._marks.clear()
         self.replays = 0
         self.replayed_tokens = 0
         self.replay_seconds = 0.0
 
+    def feed(
+        self,
+        tokens: torch.Tensor,
+        padding: Padding,
+        extra: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> torch.Tensor:
+        """Feed each row's committed tokens (``tokens`` (B, L), right-aligned, laid out by
+        ``padding``) that the cache lacks, then ``extra`` (B, n) in every row; return the last
+        ``keep`` logits, (B, keep, V). The last column fed must be a token of every row (a
+        committed one, or ``extra``)."""
+        if self.rows is None:
+            pending = tokens[:, self.cached :]
+            ids = pending if extra is None else torch.cat([pending, extra], dim=1)
+            return self.forward(ids, padding, keep)
+        rows = self.rows
+        if rows.alive is None:
+            rows.start(tokens.shape[0], tokens.device)
+        width = tokens.shape[1]
+        # A row may hold more than its committed tokens (a drafter's own drafts): none to feed.
+        need = [
+            max(width - left - n, 0) for left, n in zip(padding.lefts, rows.lengths, strict=True)
+        ]
+        count = max(need, default=0)
+        ids = tokens[:, width - count :]
+        if extra is not None and extra.shape[1]:
+            ids = torch.cat([ids, extra], dim=1)
+        with self._span:
+            return self._rows_forward(ids, [count - n for n in need], keep)
+
+    def _rows_forward(self, ids: torch.Tensor, dead: list[int], keep: int) -> torch.Tensor:
+        """One forward of ``ids`` whose first ``dead[b]`` columns are dead in row b (the rest
+        are its next tokens)."""
+        rows = self.rows
+        assert rows is not None
+        positions, alive, mask = rows.plan(dead, ids.shape[1], ids.device)
+        if self.max_context is not None:
+            positions = positions.clamp_max(self.max_context - 1)  # as in _model_forward
+        kwargs: dict[str, Any] = {
+            self.signature.cache_arg: self.cache,
+            "use_cache": True,
+            "position_ids": positions,
+        }
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if self.signature.logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        output = self.model(input_ids=ids, **kwargs)
+        rows.append(alive, [ids.shape[1] - d for d in dead])
+        self.cached = rows.width
+        logits: torch.Tensor = output.logits
+        return logits[:, -keep:]
+
     def forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
-        """Feed the columns after ``cached``; return the last ``keep`` logits, (B, keep, V)."""
+        """Feed the columns after ``cached``; return the last ``keep`` logits, (B, keep, V).
+
+        Column-aligned: column j of ``input_ids`` is column ``cached + j`` of the batch, padding
+        where ``padding`` says so (the prompt's layout)."""
+        if self.rows is not None:
+            if self.rows.alive is None:
+                self.rows.start(input_ids.shape[0], input_ids.device)
+            start, length = self.cached, input_ids.shape[1]
+            dead = [min(max(left - start, 0), length) for left in padding.lefts]
+            with self._span:
+                return self._rows_forward(input_ids, dead, keep)
         if not self.support.chunked_exact and self.cached > 0 and input_ids.shape[1] > 1:
             # This family's multi-token forward after a cached state is not exact: feed tokens
             # one at a time (only drafters get here; such targets are refused).
@@ -238,6 +333,8 @@ class CausalLM:
     def rollback(self, valid: int) -> None:
         """Keep only the first ``valid`` columns in the cache (no-op if it holds fewer).
 
+        Column-aligned (see ``forward``); ragged batches use ``keep_rows``.
+
         A stateful model goes back to the state copy marked at ``valid`` (``mark``); without
         one the cache is emptied and the next forward starts from the first column, which is
         exact (a drafter's catch-up). Conv-only state crops like attention.
@@ -245,6 +342,9 @@ class CausalLM:
         if not self.support.stateful:
             if self.cached > valid:
                 crop_cache(self.cache, self.cached - valid)
+                if self.rows is not None and self.rows.alive is not None:
+                    self.rows.crop(self.cached - valid)
+                    self.rows.lengths = self.rows.alive.sum(dim=1).tolist()
                 self.cached = valid
             elif self._sliding:
                 # Sliding layers keep every state until a crop (so rollbacks work); trim them.
@@ -275,6 +375,71 @@ class CausalLM:
         if self.cached > 0:
             select_attention_rows(self.cache, index)
             select_state_rows(self.cache, index)
+        if self.rows is not None and self.rows.alive is not None:
+            self._crop_rows(self.rows.select(index, index.tolist()))
+            self._compact()
+
+    # Ragged batches (``shiftable`` models only; see ``flashspec._layout``).
+
+    def keep_rows(self, lengths: Sequence[int]) -> None:
+        """Row b keeps its first ``lengths[b]`` tokens in the cache (at most what it holds)."""
+        rows = self.rows
+        if rows is None:
+            raise RuntimeError(f"{self.name}: keep_rows needs a shiftable model's cache")
+        if rows.alive is None:
+            return  # nothing read yet
+        self._crop_rows(rows.keep(lengths))
+        self._compact()
+
+    def _crop_rows(self, count: int) -> None:
+        if count > 0 and self.rows is not None:
+            crop_cache(self.cache, count)
+            self.rows.crop(count)
+            self.cached = self.rows.width
+
+    def _compact(self) -> None:
+        rows = self.rows
+        plan = rows.compaction() if rows is not None else None
+        if plan is not None:
+            source, width = plan
+            gather_columns(self.cache, source)
+            self.cached = width
+
+    def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
+        """New rows (``tokens`` (n, L), right-aligned, laid out by ``padding``) join the batch.
+        A cache that holds tokens reads all but each new row's newest now, so that the next
+        forward feeds them no more than the others; an empty one reads them with the others."""
+        rows = self.rows
+        if rows is None:
+            raise RuntimeError(f"{self.name}: rows can only join a shiftable model's batch")
+        if rows.alive is None:
+            return  # nothing read yet: the first forward reads every row
+        if self.cached == 0:
+            rows.alive = rows.alive.new_zeros((rows.alive.shape[0] + tokens.shape[0], 0))
+            rows.lengths = [*rows.lengths, *([0] * tokens.shape[0])]
+            return
+        if all(tokens.shape[1] - 1 - left <= 0 for left in padding.lefts):
+            fresh_rows = RowLayout()  # one-token prompts: nothing to read before the round
+            fresh_rows.start(tokens.shape[0], tokens.device)
+            fresh_rows.pad(self.cached)
+            rows.extend(fresh_rows)
+            append_zero_rows(self.cache, tokens.shape[0])
+            return
+        saved = (self.cache, self.cached, rows)
+        self.cache, self.cached, self.rows = new_cache(self.model), 0, RowLayout()
+        try:
+            self.feed(tokens[:, :-1], padding, keep=1)
+            fresh, fresh_rows = self.cache, self.rows
+        finally:
+            self.cache, self.cached, self.rows = saved
+        width = max(rows.width, fresh_rows.width)
+        pad_columns(self.cache, width - rows.width)
+        rows.pad(width - rows.width)
+        pad_columns(fresh, width - fresh_rows.width)
+        fresh_rows.pad(width - fresh_rows.width)
+        append_rows(self.cache, fresh)
+        rows.extend(fresh_rows)
+        self.cached = width
 
 
 class TargetModel(CausalLM):
@@ -308,8 +473,9 @@ class TargetModel(CausalLM):
                 tokenizer = _try_tokenizer(hub_id)
         super().__init__(model, name=hub_id, tokenizer=tokenizer, role="target")
 
-    def verify(self, pending: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
-        """Score the uncached committed tokens plus the drafts in one forward.
+    def verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
+        """Score the committed tokens the cache lacks (of ``tokens`` (B, L)) plus the drafts in
+        one forward.
 
         A stateful target first feeds all but the newest pending token and marks its state
         there, at a committed column the round can return to.
@@ -318,6 +484,9 @@ class TargetModel(CausalLM):
             (B, g + 1, V) logits: entry i predicts the token after draft i - 1 (entry 0 follows
             the last committed token, entry g is the bonus position).
         """
+        if self.rows is not None:
+            return self.feed(tokens, padding, drafts, keep=drafts.shape[1] + 1)
+        pending = tokens[:, self.cached :]
         if self.support.stateful:
             if pending.shape[1] > 1:
                 self.forward(pending[:, :-1], padding, keep=1)
@@ -327,7 +496,9 @@ class TargetModel(CausalLM):
         return self.forward(tokens, padding, keep=drafts.shape[1] + 1)
 
     def commit(self, tokens: torch.Tensor, padding: Padding) -> None:
-        """After a round, hold every committed column of ``tokens`` (B, L) but the newest.
+        """After a round, hold every committed token of ``tokens`` (B, L) but the newest.
+
+        Ragged layout (``shiftable``): each row keeps its own count (``keep_rows``).
 
         Attention: a crop. Stateful, fully accepted (``keep``): the verify forward fed exactly
         those columns, so its state stays. Otherwise the state marked before the forward is
@@ -339,6 +510,9 @@ class TargetModel(CausalLM):
             RuntimeError: in ``check`` mode, a kept state that is not the replayed one.
         """
         valid = tokens.shape[1] - 1
+        if self.rows is not None:
+            self.keep_rows([valid - left for left in padding.lefts])
+            return
         mark = next(iter(self._marks.values()), None)  # verify marks once per round
         if mark is None or not self.support.stateful:
             self.rollback(valid)

@@ -44,6 +44,7 @@ class EngineOptions:
     method: str = "auto"
     device: str = "cpu"
     dtype: str = "float32"
+    lockstep: bool = False
 
     # The sampling flags: ``flashspec serve`` leaves them out (each request brings its own).
     SAMPLING = ("temperature", "top_p", "top_k", "seed", "method")
@@ -134,6 +135,12 @@ class EngineOptions:
                 "rejection otherwise), rejection (lossless sampling), greedy, typical (lossy, "
                 "faster)",
             )
+        parser.add_argument(
+            "--lockstep",
+            action="store_true",
+            help="rows of a batch advance together, by the fewest drafts any row accepted (the "
+            "earlier engine, to measure against; default: each row commits its own)",
+        )
         parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
         parser.add_argument(
             "--dtype",
@@ -189,6 +196,7 @@ class EngineOptions:
                 ),
                 device=self.device,
                 dtype=self.dtype,
+                batching="lockstep" if self.lockstep else "ragged",
             )
         except (ValueError, TypeError) as exc:
             raise UserError(_flag_message(str(exc))) from None

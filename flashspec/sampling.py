@@ -4,11 +4,12 @@ Shapes: B rows, g drafts, V vocabulary. The target scores the pending token plus
 target tensors have g + 1 positions; position i (0-based) is the distribution of the token that
 follows draft i - 1 (position 0 follows the last committed token, position g is the bonus).
 
-Every ``accept_*`` function applies the lockstep rule for batches (see ``engine.py``): with
+Every ``accept_*`` function has two rules for batches. Ragged (``ragged=True``, what the engine
+runs): each row emits its own accepted drafts and then its own replacement (residual, argmax or
+bonus), exactly as that row would alone. Lockstep (the engine's ``batching="lockstep"``): with
 m = the smallest number of drafts accepted by any row, every row emits its first m drafts and
-then one token at position m. For a row that accepted more than m drafts that token is its own
-accepted draft m; otherwise it is the rule's replacement (residual, argmax or bonus). The
-functions stay on the device; the engine reads the result once.
+then one token at position m; for a row that accepted more than m drafts that token is its own
+accepted draft m. The functions stay on the device; the engine reads the result once.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ class Acceptance:
 
     Attributes:
         accepted: (B,) drafts each row would accept on its own (leading run).
-        token: (B,) the token every row emits after the first ``min(accepted)`` drafts.
+        token: (B,) the token each row emits after its accepted drafts (ragged), or after the
+            first ``min(accepted)`` drafts (lockstep).
         probability: (B, g) the probability with which each draft was accepted given the drafts
             before it (``min(1, p/q)``; 0 or 1 for the deterministic rules). Adaptive selection
             learns from it: it is the coin flip's expectation, so far less noisy than the flip.
@@ -260,8 +262,18 @@ def _leading_run(ok: torch.Tensor) -> torch.Tensor:
 
 
 def _at(x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """x[:, position] for a 0-dim device tensor, without reading it on the host."""
-    return x.index_select(1, position.view(1)).squeeze(1)
+    """x[:, position] for a 0-dim device tensor, or x[b, position[b]] for a (B,) one, without
+    reading it on the host."""
+    if position.dim() == 0:
+        return x.index_select(1, position.view(1)).squeeze(1)
+    index = position.view(-1, 1, *([1] * (x.dim() - 2)))
+    return x.gather(1, index.expand(-1, 1, *x.shape[2:])).squeeze(1)
+
+
+def _emit_position(accepted: torch.Tensor, ragged: bool) -> torch.Tensor:
+    """Where each row's replacement token comes from: its own run (ragged) or the batch's
+    shortest (lockstep, a 0-dim tensor)."""
+    return accepted if ragged else accepted.min()
 
 
 def _draft_at(drafts: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -269,18 +281,21 @@ def _draft_at(drafts: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return _at(drafts, m.clamp(max=drafts.shape[1] - 1))
 
 
-def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> Acceptance:
+def accept_greedy(
+    target_logits: torch.Tensor, drafts: torch.Tensor, *, ragged: bool = False
+) -> Acceptance:
     """Greedy verification: accept drafts while they equal the target's argmax.
 
-    The emitted token is the target's argmax at position m, so the output is the target's
-    greedy continuation token for token.
+    The emitted token is the target's argmax at the row's emit position (see the module
+    docstring), so the output is the target's greedy continuation token for token.
     """
     # max().indices: same first-maximum rule as argmax, about twice as fast on CPU.
     best = target_logits.max(dim=-1).indices  # (B, g + 1)
     g = drafts.shape[1]
     ok = drafts == best[:, :g]
     accepted = _leading_run(ok)
-    return Acceptance(accepted=accepted, token=_at(best, accepted.min()), probability=ok.double())
+    token = _at(best, _emit_position(accepted, ragged))
+    return Acceptance(accepted=accepted, token=token, probability=ok.double())
 
 
 def accept_rejection(
@@ -289,12 +304,15 @@ def accept_rejection(
     drafts: torch.Tensor,
     generator: torch.Generator | None,
     backend: ResidualBackend = "auto",
+    *,
+    ragged: bool = False,
 ) -> Acceptance:
-    """Speculative sampling (Leviathan et al. 2023, Algorithm 1), batched in lockstep.
+    """Speculative sampling (Leviathan et al. 2023, Algorithm 1), batched.
 
-    Draft i is accepted with probability min(1, p_i(d_i) / q_i(d_i)). At position m a row that
-    rejected draft m draws from the residual norm(max(0, p_m - q_m)); at m = g every row draws
-    the bonus token from p_g (the residual against an all-zero q).
+    Draft i is accepted with probability min(1, p_i(d_i) / q_i(d_i)). At its emit position m
+    (see the module docstring) a row that rejected draft m draws from the residual
+    norm(max(0, p_m - q_m)); at m = g it draws the bonus token from p_g (the residual against an
+    all-zero q).
 
     Args:
         p: (B, g + 1, V) warped target probabilities.
@@ -314,16 +332,18 @@ def accept_rejection(
         # q(d) > 0 for a draft sampled from q; the floor only guards a hand-made proposal.
         probability = (p_draft.double() / q_draft.double().clamp_min(1e-300)).clamp(max=1.0)
     accepted = _leading_run(ok)
-    m = accepted.min()
+    m = _emit_position(accepted, ragged)
+    # (B, 1) per row, or a scalar: whether the emit position still has a draft to reject.
+    rejected = (m < g).view(-1, 1) if ragged else m < g
 
     p_m = _at(p, m)
     if g == 0:
         q_m = torch.zeros_like(p_m)
     elif q is None:
         q_m = torch.zeros_like(p_m).scatter_(1, _draft_at(drafts, m).unsqueeze(1), 1.0)
-        q_m = q_m * (m < g)
+        q_m = q_m * rejected
     else:
-        q_m = _at(q, m.clamp(max=g - 1)) * (m < g)
+        q_m = _at(q, m.clamp(max=g - 1)) * rejected
     residual = residual_sample(p_m, q_m, u[:, g], backend).to(p.device)
     if g == 0:
         return Acceptance(accepted=accepted, token=residual, probability=probability)
@@ -337,6 +357,8 @@ def accept_typical(
     generator: torch.Generator | None,
     epsilon: float,
     delta: float,
+    *,
+    ragged: bool = False,
 ) -> Acceptance:
     """LOSSY typical acceptance (as in Medusa): accept draft i while
     ``p_i(d_i) > min(epsilon, delta * exp(-H(p_i)))``; the replacement is drawn from p_m.
@@ -349,7 +371,7 @@ def accept_typical(
     threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
     ok = p_draft > threshold
     accepted = _leading_run(ok)
-    m = accepted.min()
+    m = _emit_position(accepted, ragged)
     u = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
     fresh = sample_inverse_cdf(_at(p, m), u)
     if g == 0:

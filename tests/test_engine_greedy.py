@@ -13,7 +13,13 @@ import pytest
 import torch
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
-from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
+from flashspec import (
+    BanditConfig,
+    FlashSpecConfig,
+    SamplingConfig,
+    SpeculativeEngine,
+    TargetModel,
+)
 from flashspec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 
 TIE = 1e-4
@@ -98,7 +104,11 @@ def make_engine(kind: str, drafter: str, gamma: int, **sampling: Any) -> Specula
         drafters = [PromptLookupDrafter()]
     elif drafter == "both":
         drafters.append(PromptLookupDrafter())
-    config = FlashSpecConfig(sampling=SamplingConfig(gamma=gamma, **sampling))
+    # batches="fixed": every batch size drafts at gamma, so the tests exercise it (the default
+    # lets the throughput model shorten drafts in batches, or fall back to plain decoding).
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=gamma, **sampling), bandit=BanditConfig(batches="fixed")
+    )
     return SpeculativeEngine(
         config, drafters, TargetModel("tiny", model=target, tokenizer=tokenizer())
     )

@@ -434,9 +434,10 @@ def test_a_long_prompt_does_not_cut_a_short_one(reference: Callable[..., Any]) -
     8 prompts of 900/1024 of the context with max_tokens 16, then one 4 tokens short of the
     context with max_tokens 4, then a short prompt with max_tokens 16: the last two share a
     batch, and the short one must still get its 16 tokens. A gate on ``engine.stream`` holds
-    the first batch until the other two are queued, so they batch together every time.
+    the first batch until the other two are queued, so they batch together every time
+    (static batching: continuous batching would let them join the first batch instead).
     """
-    served = serve_tiny()
+    served = serve_tiny(batching="static")
     engine = served.app.state.service.engine
     gate = threading.Event()
     batches: list[int] = []

@@ -99,9 +99,19 @@ def test_predictions_follow_the_round_formula() -> None:
             seconds = DRAFT_COST * gamma + VERIFY_BASE + VERIFY_PER_TOKEN * (gamma + 1)
             want = geometric_tokens(alpha, gamma) / seconds
             assert model.predict(0, gamma, alpha) == pytest.approx(want, rel=0.02)
-    # A batch advances by its slowest row: alpha ** rows per position, rows tokens per step.
-    want = 3 * geometric_tokens(0.8**3, 4) / (DRAFT_COST * 4 + VERIFY_BASE + VERIFY_PER_TOKEN * 5)
+    # A batch verifies rows * (gamma + 1) tokens. In lockstep it advances by its slowest row
+    # (alpha ** rows per position); ragged rows each advance by their own acceptance.
+    seconds = DRAFT_COST * 4 + VERIFY_BASE + VERIFY_PER_TOKEN * 3 * 5
+    model.ragged = False
+    want = 3 * geometric_tokens(0.8**3, 4) / seconds
     assert model.predict(0, 4, 0.8, rows=3) == pytest.approx(want, rel=0.02)
+    model.ragged = True
+    want = 3 * geometric_tokens(0.8, 4) / seconds
+    assert model.predict(0, 4, 0.8, rows=3) == pytest.approx(want, rel=0.02)
+    assert model.predict(None, 0, 0.0, rows=3) == pytest.approx(
+        3 / (VERIFY_BASE + VERIFY_PER_TOKEN * 3), rel=1e-6
+    )
+    model.ragged = False
     plain = 1 / (VERIFY_BASE + VERIFY_PER_TOKEN)
     assert model.predict(None, 0, 0.0) == pytest.approx(plain, rel=1e-6)
 

@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "sweep (engine.json, engine.png). kernel: the residual kernel against NumPy, torch "
             "and C (kernel.json, kernel.png). profile: where a speculative round's time goes "
             "(profile.json). regret: UCB1 and Thompson sampling on Bernoulli arms "
-            "(regret.json, regret.png). recurrent: recurrent/hybrid pairs (recurrent.json)."
+            "(regret.json, regret.png). recurrent: recurrent/hybrid pairs (recurrent.json). "
+            "batch: ragged against lockstep batches and HF batched generate (batch.json)."
         ),
     )
     which = bench.add_subparsers(dest="bench", required=True)
@@ -152,6 +153,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common(recurrent)
     recurrent_arguments(recurrent)
 
+    from .batch import add_arguments as batch_arguments
+
+    batch = which.add_parser(
+        "batch", help="ragged vs lockstep batches against HF batched generate, B = 1 to 32"
+    )
+    common(batch)
+    models(batch)
+    batch_arguments(batch)
+
     every = which.add_parser(
         "all", help="kernel, engine and profile in turn (kernel.json, engine.json, profile.json)"
     )
@@ -177,6 +187,7 @@ COMMANDS: dict[str, str] = {
     "regret": ".regret",
     "adaptive": ".adaptive",
     "recurrent": ".recurrent",
+    "batch": ".batch",
 }
 ALL = ("kernel", "engine", "profile")
 """What ``flashspec bench all`` runs, in order."""

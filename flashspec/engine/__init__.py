@@ -9,8 +9,9 @@ One round, each step in one place (``SpeculativeEngine._round`` in ``loop``):
 2. verify   ``target.verify``: one target forward over the uncached committed tokens (normally
             just the pending one) plus the drafts;
 3. accept   ``sampling.accept_*``: accept/reject on the device, then ONE host read per round;
-4. commit   append the emitted tokens; every cache keeps the valid prefix (a crop for attention,
-            a restored snapshot for recurrent state: ``flashspec._state``);
+4. commit   append the emitted tokens; every cache keeps each row's valid prefix (dead columns
+            and a crop for attention, a restored snapshot for recurrent state:
+            ``flashspec._layout``, ``flashspec._state``);
 5. stop     EOS, stop strings, max_new_tokens, each row's context limit; stream the new text
             (``stopping``);
 6. learn    the policy observes the round.
@@ -18,15 +19,25 @@ One round, each step in one place (``SpeculativeEngine._round`` in ``loop``):
 Modules: ``loop`` (the engine), ``inputs`` (prompts, per-row limits), ``generation`` (the state
 of a running generation), ``stopping``, ``results`` (stats, result, stream).
 
-Batches run in lockstep. Each round every live row emits m + 1 tokens, where m is the smallest
-number of drafts accepted by any live row: its first m drafts, then the token at position m
-(its own accepted draft m if it accepted more than m, else the rule's replacement). This is
-exact: whether a row emits position i this round depends only on accept events at positions
+Batches are ragged (``FlashSpecConfig.batching="ragged"``, the default). Each round every live
+row emits its own accepted drafts and then its own replacement token (residual, argmax or
+bonus), exactly the round it would run alone: rows share the forwards but no random draw and no
+decision, so each row's output is exact by the batch-1 argument. In the token matrix the rows
+stay right-aligned (a row that emitted fewer moves right, its left padding grows); in each cache
+a row's rejected drafts stay where they are as dead columns, masked, with explicit positions,
+and are packed away once there are enough (``flashspec._layout``). Rows can also join a running
+generation (``TokenStream.join``): their prompts are read into the caches before the next round.
+
+Lockstep (``batching="lockstep"``, and always for models whose caches cannot keep rows apart:
+sliding-window and recurrent ones): every live row emits m + 1 tokens, where m is the smallest
+number of drafts accepted by any live row: its first m drafts, then the token at position m (its
+own accepted draft m if it accepted more than m, else the rule's replacement). This is exact
+too: whether a row emits position i this round depends only on accept events at positions
 before i (of this and other rows, all independent of the token at i), and a token that reaches
-position i is distributed as the target's conditional there, whether it is an accepted draft,
-a residual draw or the bonus token. So every emitted token follows the target given the row's
-past, whichever round produced it. Rows keep equal lengths, so caches stay rectangular and one
-forward serves the whole batch. Rows that finish leave the batch (their cache rows are dropped).
+position i is distributed as the target's conditional there, whether it is an accepted draft, a
+residual draw or the bonus token. So every emitted token follows the target given the row's
+past, whichever round produced it. Rows that finish leave the batch (their cache rows are
+dropped).
 """
 
 from __future__ import annotations

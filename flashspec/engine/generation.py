@@ -28,11 +28,11 @@ class Row:
 class Generation:
     """A generation in progress (the engine runs one at a time)."""
 
-    tokens: torch.Tensor  # (live rows, L) committed tokens, left padded
+    tokens: torch.Tensor  # (live rows, L) committed tokens, right-aligned (left padded)
     padding: Padding
     live: list[int]  # batch index of each live row
     rows: list[Row]
-    prompt_length: int
+    prompt_length: int  # width of the prompt matrix the generation started from
     max_new_tokens: list[int]  # per batch row
     limit: int | None
     eos: frozenset[int]
@@ -45,3 +45,9 @@ class Generation:
     drafted_by: set[int] = field(default_factory=set)  # drafters that have run this generation
     cancelled: set[int] = field(default_factory=set)  # batch rows; filled by TokenStream.cancel
     stats: GenerationStats = field(default_factory=GenerationStats)
+    pad_id: int = 0  # filler of padding columns (masked; any id would do)
+    shiftable: bool = False  # every cache can move rows along the columns (set by the engine)
+    ragged: bool = False  # rows commit their own counts (shiftable and config.batching)
+    joining: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, prompt ids)
+    finished: bool = False  # the round loop has ended
+    seeded: bool = False  # a seed fixes the random draws (the call's or the config's)

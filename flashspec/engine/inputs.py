@@ -99,6 +99,8 @@ def prepare(
         generator=generator,
         sampling=sampling,
         warper=warper,
+        pad_id=pad,
+        seeded=seed is not None,
     )
 
 

@@ -9,25 +9,40 @@ from typing import Any
 
 import torch
 
+from .._validate import is_int
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from ..models import (
     DEMO_DRAFT_NAME,
     DEMO_NAME,
     CausalLM,
+    Padding,
     TargetModel,
     check_same_vocabulary,
 )
 from ..profiling import span
 from ..sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
 from ..select.bandit import Selector
-from ..select.policy import Arm, BanditPolicy, Outcome, Policy, ThroughputPolicy, make_policy
+from ..select.policy import (
+    Arm,
+    BanditPolicy,
+    Outcome,
+    Policy,
+    ThroughputPolicy,
+    make_batch_policy,
+    make_policy,
+)
 from ..select.throughput import ThroughputModel
 from .chat import Messages, chat_ids
-from .generation import Generation
-from .inputs import Prompt, Stop, prepare
+from .generation import Generation, Row
+from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
 from .results import GenerationResult, StreamChunk, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
+
+COMPACT_COLUMNS = 16
+"""Leading columns of the token matrix that are padding in every row, at which they are cut.
+Rows that fall behind in a ragged batch gain left padding, and so do the rest when a longer row
+finishes."""
 
 
 class SpeculativeEngine:
@@ -94,6 +109,9 @@ class SpeculativeEngine:
         # Kept across generations: what paid on the last prompts is the best prior for the
         # next (a window forgets it when the workload changes).
         self.policy: Policy = make_policy(config, drafter_list, selector)
+        self.batch_policy: Policy | None = make_batch_policy(config, drafter_list, self.policy)
+        """Chooses the rounds of two or more rows when ``policy`` is a single fixed arm
+        (``BanditConfig.batches``); None otherwise."""
         sampling = config.sampling
         self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
         self._owner: object | None = None
@@ -274,7 +292,13 @@ class SpeculativeEngine:
             seed,
             sampling,
         )
-        return TokenStream(self._run(generation), generation)
+        generation.shiftable = self.shiftable
+        generation.ragged = generation.shiftable and self.config.batching == "ragged"
+        return TokenStream(
+            self._run(generation),
+            generation,
+            lambda prompt, limit, stop: self._join(generation, prompt, limit, stop),
+        )
 
     def chat(
         self,
@@ -335,9 +359,12 @@ class SpeculativeEngine:
         self.target.reset()
         for drafter in self.drafters:
             drafter.reset()
-        self.policy.start(gen.sampling)
-        while gen.live:
+        self.policy.start(gen.sampling, ragged=gen.ragged)
+        if self.batch_policy is not None:
+            self.batch_policy.start(gen.sampling, ragged=gen.ragged)
+        while gen.live or gen.joining:
             if self._owner is not owner:
+                gen.finished = True
                 raise RuntimeError(
                     "another generation started on this engine while this stream was being "
                     "read; an engine runs one generation at a time (use one engine per stream)"
@@ -347,14 +374,18 @@ class SpeculativeEngine:
                 if cancelled:
                     self._drop_rows(gen, keep)
                     yield cancelled
-                if not gen.live:
-                    break
             # Inference mode per round, not around the yield: the consumer's code between
             # chunks must not run inside it.
+            if gen.joining:
+                with torch.inference_mode():
+                    self._admit(gen)
+            if not gen.live:
+                continue  # rows may have joined meanwhile
             with torch.inference_mode():
                 chunks = self._round(gen)
             if chunks:
                 yield chunks
+        gen.finished = True
         return self._result(gen)
 
     def _round(self, gen: Generation) -> list[StreamChunk]:
@@ -367,7 +398,12 @@ class SpeculativeEngine:
         stats = gen.stats
 
         # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
-        choice = self.policy.choose(gen.tokens, gen.padding, rows, room, self.target.cached > 0)
+        policy = self.policy
+        if self.batch_policy is not None and rows > 1 and (gen.warper.greedy or not gen.seeded):
+            # A seeded sampled generation keeps the configured arm: the batch policy's choices
+            # follow measured times, and with them which random draws a round takes.
+            policy = self.batch_policy
+        choice = policy.choose(gen.tokens, gen.padding, rows, room, self.target.cached > 0)
         # Choosing costs the same whichever arm wins, so the throughput model counts it with
         # the target side of the round, not as drafting: spread over the drafts it made every
         # draft look dearer and drafts shorter than the best.
@@ -378,9 +414,7 @@ class SpeculativeEngine:
         drafted_at = time.perf_counter()
 
         # 2. verify
-        logits = self.target.verify(
-            gen.tokens[:, self.target.cached :], proposal.tokens, gen.padding
-        )
+        logits = self.target.verify(gen.tokens, proposal.tokens, gen.padding)
         verified_at = time.perf_counter()
 
         # 3. accept / reject, and the round's single host read
@@ -390,27 +424,34 @@ class SpeculativeEngine:
             [proposal.tokens, acceptance.token.unsqueeze(1), acceptance.accepted.unsqueeze(1)],
             dim=1,
         ).tolist()
-        m = min(row[g + 1] for row in host)  # lockstep: every row emits m + 1
+        m = min(row[g + 1] for row in host)
+        # Ragged: each row emits its own accepted drafts and one token. Lockstep: every row
+        # emits m + 1, the token at position m.
+        counts = [row[g + 1] for row in host] if gen.ragged else [m] * rows
         accepted_at = time.perf_counter()
 
-        # 4. commit: append the emitted tokens; every cache keeps the valid prefix only
-        emitted = torch.cat([proposal.tokens[:, :m], acceptance.token.unsqueeze(1)], dim=1)
-        gen.tokens = torch.cat([gen.tokens, emitted], dim=1)
-        self.target.commit(gen.tokens, gen.padding)
-        valid = gen.tokens.shape[1] - 1  # the newest token has no keys/values anywhere yet
-        for each in self.drafters:
-            each.commit(valid)
-        accepted = sum(m + (row[g + 1] > m) for row in host)
-        stats.count_round(choice.arm.label, rows, g, m, accepted)
+        # 4. commit: append the emitted tokens (rows that emitted fewer move right in the token
+        # matrix, so that all end in its last column); every cache keeps the valid prefix only
+        longest = max(counts)
+        shifts = [longest - c for c in counts]
+        gen.tokens = _append(gen.tokens, proposal.tokens, acceptance.token, counts, shifts)
+        if any(shifts):
+            gen.padding = gen.padding.shifted(shifts)
+        self._commit(gen)
+        accepted = sum(c + (row[g + 1] > c) for c, row in zip(counts, host, strict=True))
+        emitted = sum(counts) + rows
+        stats.count_round(choice.arm.label, rows, g, emitted, accepted)
 
         # 5. stop and stream
-        chunks, keep = finish_rows(gen, [[*row[:m], row[g]] for row in host])
+        new = [[*row[:c], row[g]] for c, row in zip(counts, host, strict=True)]
+        chunks, keep = finish_rows(gen, new)
         if len(keep) < len(gen.live):
             self._drop_rows(gen, keep)
+        self._compact(gen)
         end = time.perf_counter()
 
         # 6. learn; the round's time includes it: it is the policy's own cost
-        self.policy.observe(
+        policy.observe(
             choice,
             Outcome(
                 drafted=g,
@@ -420,6 +461,7 @@ class SpeculativeEngine:
                 draft_seconds=drafted_at - chosen_at - setup,
                 other_seconds=(chosen_at - start) + (end - drafted_at),
                 seconds=end - start - setup,
+                emitted=emitted,
             ),
         )
         stats.time_draft += drafted_at - start
@@ -470,18 +512,120 @@ class SpeculativeEngine:
         sampling = gen.sampling
         generator = gen.generator
         method = sampling.resolved_method
+        ragged = gen.ragged
         if method == "greedy":
             with span("accept"):
-                return accept_greedy(logits, proposal.tokens)
+                return accept_greedy(logits, proposal.tokens, ragged=ragged)
         p = gen.warper.probs(logits)
         with span("accept"):
             if method == "typical":
                 return accept_typical(
-                    p, proposal.tokens, generator, sampling.typical_epsilon, sampling.typical_delta
+                    p,
+                    proposal.tokens,
+                    generator,
+                    sampling.typical_epsilon,
+                    sampling.typical_delta,
+                    ragged=ragged,
                 )
             return accept_rejection(
-                p, proposal.probs, proposal.tokens, generator, sampling.residual
+                p, proposal.probs, proposal.tokens, generator, sampling.residual, ragged=ragged
             )
+
+    @property
+    def shiftable(self) -> bool:
+        """Whether the rows of a batch can commit their own counts (ragged batches) and join a
+        running generation: the target's and every drafter's cache can move rows along the
+        columns (``flashspec._layout``). Sliding-window and recurrent models cannot; their
+        batches run in lockstep, equally exact."""
+        return self.target.shiftable and all(d.shiftable for d in self.drafters)
+
+    def _commit(self, gen: Generation) -> None:
+        """Every cache keeps the committed tokens but the newest (which none has read yet)."""
+        self.target.commit(gen.tokens, gen.padding)
+        width = gen.tokens.shape[1]
+        if gen.shiftable:
+            lengths = [width - 1 - left for left in gen.padding.lefts]
+            for drafter in self.drafters:
+                drafter.keep_rows(lengths)
+        else:
+            for drafter in self.drafters:
+                drafter.commit(width - 1)
+
+    @staticmethod
+    def _compact(gen: Generation) -> None:
+        """Cut the token matrix's leading columns that are padding in every row once there are
+        enough (the caches of ragged batches keep their own layout, ``flashspec._layout``)."""
+        count = gen.padding.min_left
+        if gen.shiftable and count >= COMPACT_COLUMNS and gen.live:
+            gen.tokens = gen.tokens[:, count:]
+            gen.padding = gen.padding.dropped(count)
+
+    def _join(
+        self, gen: Generation, prompt: str | Sequence[int], max_new_tokens: int, stop: Stop
+    ) -> int:
+        """``TokenStream.join``: check the row and queue it for the next round."""
+        if not self.shiftable:
+            raise RuntimeError(
+                f"rows cannot join a running generation of {self.target.name!r}: a cache of "
+                "its target or drafters cannot move rows along the columns (sliding-window or "
+                "recurrent layers); start a new generation for the prompt instead"
+            )
+        if gen.finished:
+            raise RuntimeError("the generation has ended; start a new one for this prompt")
+        if isinstance(prompt, str):
+            ids = tokenize(self.target, [prompt], None)
+        elif isinstance(prompt, Sequence) and all(is_int(t) for t in prompt):
+            ids = tokenize(self.target, [[int(t) for t in prompt]], None)
+        else:
+            raise TypeError(
+                "join takes one prompt: a string or a list of token ids, "
+                f"got {type(prompt).__name__}"
+            )
+        if not is_int(max_new_tokens, minimum=1):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        stops = per_row_stops(stop, 1)
+        if stops[0] and gen.decode is None:
+            raise ValueError("stop strings need a tokenizer; pass tokenizer= to TargetModel")
+        row = ids[0]
+        if gen.limit is not None and len(row) >= gen.limit:
+            raise ValueError(
+                f"the prompt has {len(row)} tokens but the target's context limit is "
+                f"{gen.limit}, leaving no room to generate; shorten the prompt"
+            )
+        index = len(gen.rows)
+        gen.rows.append(Row())
+        gen.max_new_tokens.append(max_new_tokens)
+        gen.stops.extend(stops)
+        gen.joining.append((index, list(row)))
+        return index
+
+    def _admit(self, gen: Generation) -> None:
+        """Rows that joined since the last round (``TokenStream.join``) enter the batch: their
+        prompts are read into every cache, as far as each holds the rows already running."""
+        joining, gen.joining = gen.joining, []
+        width = gen.tokens.shape[1]
+        longest = max(len(ids) for _, ids in joining)
+        total = max(width, longest)
+        pad = total - width
+        rows = [[gen.pad_id] * (total - len(ids)) + ids for _, ids in joining]
+        device = gen.tokens.device
+        tokens = torch.tensor(rows, dtype=torch.int64, device=device)
+        padding = Padding(torch.tensor([total - len(ids) for _, ids in joining], device=device))
+        if not gen.live:
+            # Nothing running: the caches start again from the joining rows' prompts.
+            self.target.reset()
+            for drafter in self.drafters:
+                drafter.reset()
+            gen.drafted_by.clear()
+            gen.tokens, gen.padding = tokens, padding
+        else:
+            self.target.add_rows(tokens, padding)
+            for drafter in self.drafters:
+                drafter.add_rows(tokens, padding)
+            filler = gen.tokens.new_full((gen.tokens.shape[0], pad), gen.pad_id)
+            gen.tokens = torch.cat([torch.cat([filler, gen.tokens], dim=1), tokens])
+            gen.padding = Padding.stack([gen.padding.shifted([pad] * len(gen.live)), padding])
+        gen.live = [*gen.live, *(index for index, _ in joining)]
 
     def _drop_rows(self, gen: Generation, keep: list[int]) -> None:
         """Only the rows at positions ``keep`` of ``gen.live`` go on (tokens, padding, caches)."""
@@ -519,6 +663,28 @@ class SpeculativeEngine:
         )
 
 
+def _append(
+    tokens: torch.Tensor,
+    drafts: torch.Tensor,
+    token: torch.Tensor,
+    counts: list[int],
+    shifts: list[int],
+) -> torch.Tensor:
+    """The committed token matrix after a round: row b gains its first ``counts[b]`` drafts and
+    ``token[b]`` and moves ``shifts[b]`` columns right, so that every row ends in the last column
+    (the columns it moved over are padding; they repeat its first token)."""
+    width = tokens.shape[1]
+    device = tokens.device
+    both = torch.cat([tokens, drafts, token.unsqueeze(1)], dim=1)
+    ends = torch.tensor(counts, device=device).unsqueeze(1) + width
+    both.scatter_(1, ends, token.unsqueeze(1))  # each row's token right after its drafts
+    if not any(shifts):
+        return both[:, : width + counts[0] + 1]
+    columns = torch.arange(width + max(counts) + 1, device=device).unsqueeze(0)
+    source = (columns - torch.tensor(shifts, device=device).unsqueeze(1)).clamp_min(0)
+    return both.gather(1, source)
+
+
 class RoundView:
     """What a ``before_round`` hook sees of the round about to run.
 
@@ -543,12 +709,13 @@ class RoundView:
         (``Acceptance.probability``), with nothing committed. Random draws advance the
         generation's generator, so a sampled generation's later tokens change."""
         engine, gen = self._engine, self._gen
-        valid = gen.tokens.shape[1] - 1
+        before = engine.target.cached
         proposal = drafter.propose(engine._draft_context(gen, drafter), gamma)
-        logits = engine.target.verify(
-            gen.tokens[:, engine.target.cached :], proposal.tokens, gen.padding
-        )
+        logits = engine.target.verify(gen.tokens, proposal.tokens, gen.padding)
         acceptance = engine._accept(gen, logits, proposal)
-        engine.target.rollback(valid)
-        drafter.commit(valid)
+        engine.target.rollback(before)
+        if gen.shiftable:
+            drafter.keep_rows([gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts])
+        else:
+            drafter.commit(gen.tokens.shape[1] - 1)
         return proposal, acceptance

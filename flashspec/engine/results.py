@@ -3,7 +3,7 @@ chunks a streaming caller reads as rounds commit."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,12 +44,13 @@ class GenerationStats:
 
     def count_round(self, arm: str, rows: int, drafted: int, emitted: int, accepted: int) -> None:
         """Count a round of ``arm`` over ``rows`` rows: ``drafted`` drafts per row, ``emitted``
-        + 1 tokens per row (lockstep), ``accepted`` drafts accepted over all rows."""
+        tokens committed over all rows (before stopping), ``accepted`` drafts accepted over all
+        rows."""
         self.rounds += 1
         self.row_rounds += rows
         self.drafted += drafted * rows
         self.accepted += accepted
-        self.emitted += (emitted + 1) * rows
+        self.emitted += emitted
         self.arm_rounds[arm] = self.arm_rounds.get(arm, 0) + 1
 
     @property
@@ -152,11 +153,49 @@ class TokenStream:
     """Iterator over ``StreamChunk`` as rounds commit; ``result`` is set once it is exhausted."""
 
     def __init__(
-        self, rounds: Generator[list[StreamChunk], None, GenerationResult], generation: Generation
+        self,
+        rounds: Generator[list[StreamChunk], None, GenerationResult],
+        generation: Generation,
+        join: Callable[[str | Sequence[int], int, str | Sequence[str] | None], int] | None = None,
     ) -> None:
         self._rounds = rounds
         self._generation = generation
+        self._join = join
         self.result: GenerationResult | None = None
+
+    @property
+    def joinable(self) -> bool:
+        """Whether rows can join this generation (``join``): its models can move rows along
+        the columns (not sliding-window or recurrent ones) and it has not ended."""
+        gen = self._generation
+        return self._join is not None and not gen.finished and gen.shiftable
+
+    def join(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int,
+        *,
+        stop: str | Sequence[str] | None = None,
+    ) -> int:
+        """Add a prompt to the running generation (continuous batching): it is read into the
+        caches before the next round and then advances with the others. Call it from the
+        thread that iterates the stream, between chunks.
+
+        Args:
+            prompt: a string or a list of token ids.
+            max_new_tokens: new tokens at most (>= 1).
+            stop: stop string(s) of this row.
+
+        Returns:
+            the row's index (``StreamChunk.row``, the result's row).
+
+        Raises:
+            RuntimeError: the models cannot take rows into a running batch, or the generation
+                has ended. TypeError / ValueError: a bad argument, named.
+        """
+        if self._join is None:
+            raise RuntimeError("this stream takes no new rows")
+        return self._join(prompt, max_new_tokens, stop)
 
     def _decode_at_end(self) -> None:
         # For generate(): nobody reads the text before the end unless a stop string needs it.

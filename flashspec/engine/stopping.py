@@ -9,22 +9,21 @@ from .generation import Generation, Row
 from .results import StreamChunk
 
 
-def row_room(gen: Generation, index: int, left: int, generated: int, length: int) -> int:
-    """Tokens batch row ``index`` (left padding ``left``) may still emit."""
-    room = gen.max_new_tokens[index] - generated
+def row_room(gen: Generation, index: int, length: int) -> int:
+    """Tokens batch row ``index`` may still emit, ``length`` its tokens (prompt and output)."""
+    room = gen.max_new_tokens[index] - len(gen.rows[index].tokens)
     if gen.limit is not None:
-        room = min(room, gen.limit - (length - left))
+        room = min(room, gen.limit - length)
     return room
 
 
 def round_room(gen: Generation) -> int:
     """Tokens the coming round may emit per row: the most any live row still may. Each row's
-    context limit counts from its own length, not the padded width (else a long prompt would
+    room counts from its own length and output, not the padded width (else a long prompt would
     cut the short rows beside it)."""
-    length = gen.tokens.shape[1]
-    generated = length - gen.prompt_length  # the same for every live row (lockstep)
+    width = gen.tokens.shape[1]
     return max(
-        row_room(gen, index, left, generated, length)
+        row_room(gen, index, width - left)
         for index, left in zip(gen.live, gen.padding.lefts, strict=True)
     )
 
@@ -32,21 +31,22 @@ def round_room(gen: Generation) -> int:
 def finish_rows(
     gen: Generation, new_tokens: list[list[int]]
 ) -> tuple[list[StreamChunk], list[int]]:
-    """Apply EOS, stop strings and limits to each live row's new tokens.
+    """Apply EOS, stop strings and limits to each live row's new tokens (already in
+    ``gen.tokens``).
 
     Returns:
         the round's chunks, and the positions (in ``gen.live``) of the rows still running.
     """
-    before_round = gen.tokens.shape[1] - len(new_tokens[0]) if new_tokens else 0
+    width = gen.tokens.shape[1]
     chunks: list[StreamChunk] = []
     keep: list[int] = []
     for position, (index, tokens) in enumerate(zip(gen.live, new_tokens, strict=True)):
         row = gen.rows[index]
         # Rows have their own limits; the round was sized for the one with most room.
-        left = gen.padding.lefts[position]
-        room = row_room(gen, index, left, len(row.tokens), before_round)
+        before_round = width - gen.padding.lefts[position] - len(tokens)
+        room = row_room(gen, index, before_round)
         tokens = tokens[:room]
-        at_limit = gen.limit is not None and before_round - left + len(tokens) >= gen.limit
+        at_limit = gen.limit is not None and before_round + len(tokens) >= gen.limit
         for cut, token in enumerate(tokens):
             if token in gen.eos:
                 tokens = tokens[: cut + 1]
@@ -101,13 +101,18 @@ def text_delta(row: Row) -> str:
 
 
 def cancel_rows(gen: Generation) -> tuple[list[StreamChunk], list[int]]:
-    """Finish the live rows ``TokenStream.cancel`` named.
+    """Finish the rows ``TokenStream.cancel`` named, live or still waiting to join.
 
     Returns:
         their last chunks, and the positions (in ``gen.live``) of the rows still running.
     """
     chunks: list[StreamChunk] = []
     keep: list[int] = []
+    for index, _ in gen.joining:
+        if index in gen.cancelled:  # cancelled before it joined the batch
+            gen.rows[index].finish = "cancelled"
+            chunks.append(StreamChunk(index, [], "", "cancelled"))
+    gen.joining = [(index, ids) for index, ids in gen.joining if index not in gen.cancelled]
     for position, index in enumerate(gen.live):
         if index in gen.cancelled:
             row = gen.rows[index]

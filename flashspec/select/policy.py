@@ -63,13 +63,14 @@ class Outcome:
 
     Attributes:
         drafted: drafts per row (g).
-        accepted: drafts every live row accepted (m: the round emitted m + 1 per row).
+        accepted: drafts every live row accepted (the fewest any row accepted).
         probability: (rows, g) probability with which each draft was accepted.
         rows: live rows in the round.
         draft_seconds: drafting, less a drafter's first reading of the generation's tokens.
         other_seconds: the rest of the round (choosing, verifying, accepting, committing,
             stopping): the target side of the throughput model.
         seconds: the round's wall time, less that first reading.
+        emitted: tokens the round committed over all rows, before stopping.
     """
 
     drafted: int
@@ -79,6 +80,7 @@ class Outcome:
     draft_seconds: float
     other_seconds: float
     seconds: float
+    emitted: int
 
 
 def arms_of(drafters: Sequence[Drafter], bandit: BanditConfig) -> list[Arm]:
@@ -114,8 +116,9 @@ class Policy:
         """Whether this policy picks among arms (rounds then teach it)."""
         return False
 
-    def start(self, sampling: SamplingConfig) -> None:
-        """A new generation with these settings."""
+    def start(self, sampling: SamplingConfig, *, ragged: bool = False) -> None:
+        """A new generation with these settings; ``ragged``: its rows commit their own accepted
+        drafts (else the batch moves in lockstep)."""
         self.sampling = sampling
         self.gammas = [sampling.gamma if arm.gamma is None else arm.gamma for arm in self.arms]
         self.last_full = False
@@ -184,7 +187,7 @@ class BanditPolicy(Policy):
     def _learn(self, choice: Choice, outcome: Outcome) -> None:
         # What the choice bought, its drafting included; counted before stopping, which is not
         # the arm's doing.
-        reward = (outcome.accepted + 1) * outcome.rows / max(outcome.seconds, 1e-9)
+        reward = outcome.emitted / max(outcome.seconds, 1e-9)
         self.selectors[choice.context].update(choice.index, reward)
 
 
@@ -199,6 +202,10 @@ class ThroughputPolicy(Policy):
     @property
     def chooses(self) -> bool:
         return True
+
+    def start(self, sampling: SamplingConfig, *, ragged: bool = False) -> None:
+        super().start(sampling, ragged=ragged)
+        self.model.ragged = ragged
 
     def _pick(self, context: int, rows: int, room: int, choosing: bool) -> tuple[int, int]:
         if not choosing:
@@ -218,6 +225,7 @@ class ThroughputPolicy(Policy):
             outcome.draft_seconds,
             outcome.other_seconds,
             full=choice.full,
+            rows=outcome.rows,
         )
 
 
@@ -293,6 +301,32 @@ def make_policy(
     if selectors:
         return BanditPolicy(arms, selectors, probe)
     return Policy(arms)
+
+
+def make_batch_policy(
+    config: FlashSpecConfig, drafters: Sequence[Drafter], policy: Policy
+) -> Policy | None:
+    """The policy of rounds with two or more rows when ``policy`` is a single fixed arm and
+    ``config.bandit.batches == "follow"``: the throughput model over that drafter at a length
+    it chooses and plain decoding (see ``BanditConfig.batches``); else None."""
+    bandit = config.bandit
+    if bandit.batches != "follow" or type(policy) is not Policy or len(policy.arms) != 1:
+        return None
+    arm = policy.arms[0]
+    if arm.drafter is None or config.sampling.dynamic_gamma:
+        return None
+    arms = [Arm(arm.drafter, None, f"{drafters[arm.drafter].name}/batch"), Arm(None, 0, "plain")]
+    model = ThroughputModel(
+        [(a.drafter, a.gamma) for a in arms],
+        len(drafters),
+        default_gamma=config.sampling.gamma,
+        # Up to the configured length, not beyond: batches only shorten drafts (vLLM's rule,
+        # k per batch-size range), and longer drafts chosen freely were measured slower here.
+        max_gamma=config.sampling.gamma,
+        memory=bandit.window_size or DEFAULT_MEMORY,
+        seed=bandit.seed,
+    )
+    return ThroughputPolicy(arms, model, None)
 
 
 def _warn_ignored(config: FlashSpecConfig, throughput: bool, bandit: bool) -> None:

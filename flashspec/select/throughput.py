@@ -6,15 +6,17 @@ next five), so telling apart two drafters 10% apart takes hundreds of rounds, an
 length is an arm of its own. ``ThroughputModel`` predicts a round instead, from parts that are
 each easy to measure:
 
-* A round of drafter d with draft length g over B rows in lockstep emits, in expectation,
-  ``B * (1 + sum_{k=1..g} prod_{i<=k} a_i ** B)`` tokens, where a_i is the probability that
-  draft i is accepted once drafts 1..i-1 were (the batch advances by its slowest row).
+* A round of drafter d with draft length g over B ragged rows (each commits its own accepted
+  drafts) emits, in expectation, ``B * (1 + sum_{k=1..g} prod_{i<=k} a_i)`` tokens, where a_i is
+  the probability that draft i is accepted once drafts 1..i-1 were; in lockstep
+  (``ragged=False``) each a_i is raised to the power B (the batch advances by its slowest row).
   Acceptance comes in runs (a copied span, boilerplate), so a_i grows with i; a single rate
   for every position would undervalue long drafts.
 * It costs ``d(g) + v(g + 1)`` seconds: ``d(g) = e_d + c_d * g`` is the drafter's measured
   drafting time, a fixed part per round and a part per draft, and ``v(n)`` the target side of a
-  round that verifies n tokens (forward, acceptance, commit), a line fitted to every round.
-  Plain decoding is g = 0: ``B / v(1)`` tokens per second.
+  round that verifies n tokens over all rows (forward, acceptance, commit), a line fitted to
+  every round: a batch's verification grows with B * (g + 1), so the best draft length falls as
+  the batch grows, down to plain decoding, g = 0: ``B / v(B)`` tokens per second.
 
 Each a_i is a Beta posterior per drafter, state and position. Its counts are expected: the
 probability with which the verifier accepted each draft (``min(1, p/q)`` under sampling, 0 or 1
@@ -147,10 +149,11 @@ class _CostLine:
         mean_n, mean_t, slope = self._fit()
         return max(mean_t + slope * (n - mean_n), _MIN_SECONDS)
 
-    def many(self, count: int) -> np.ndarray:
-        """``[self(0), self(1), ..., self(count - 1)]`` as an array, from one fit."""
+    def many(self, count: int, step: int = 1) -> np.ndarray:
+        """``[self(0), self(step), ..., self((count - 1) * step)]`` as an array, from one fit."""
         mean_n, mean_t, slope = self._fit()
-        seconds: np.ndarray = np.maximum(mean_t + slope * (np.arange(count) - mean_n), _MIN_SECONDS)
+        n = np.arange(count) * step
+        seconds: np.ndarray = np.maximum(mean_t + slope * (n - mean_n), _MIN_SECONDS)
         return seconds
 
 
@@ -281,6 +284,9 @@ class ThroughputModel:
         # Positions tracked: as long as the longest draft any arm can ask for.
         self.positions = max([max_gamma, default_gamma, *(g or 0 for _, g in self.arms)])
         self._seed = seed
+        self.ragged = False
+        """Whether the batches chosen for are ragged (see the module docstring); the engine sets
+        it per generation."""
         self.reset()
 
     def reset(self) -> None:
@@ -308,7 +314,7 @@ class ThroughputModel:
         self._catch_up = [0.0] * self.n_drafters
         self._catch_up_rounds = [0] * self.n_drafters
         self._line = _CostLine()
-        self._plans: dict[tuple[int, bool, int], _Plan] = {}
+        self._plans: dict[tuple[int, bool, int, bool], _Plan] = {}
         self.rounds = 0
 
     # ------------------------------------------------------------------------------ queries
@@ -409,12 +415,16 @@ class ThroughputModel:
         if not self._line.known:
             raise RuntimeError("predict needs at least one observed round")
         if drafter is None or gamma == 0:
-            return rows / self._line(1)
+            return rows / self._line(rows)
         rates = [acceptance] * gamma if isinstance(acceptance, (int, float)) else acceptance
         table = np.array([list(rates[:gamma])], dtype=np.float64)
-        tokens = float(expected_tokens(table, rows)[0, gamma])
+        tokens = float(expected_tokens(table, self._together(rows))[0, gamma])
         drafting = self.draft_seconds(drafter, gamma) or 0.0
-        return rows * tokens / (drafting + self._line(gamma + 1))
+        return rows * tokens / (drafting + self._line(rows * (gamma + 1)))
+
+    def _together(self, rows: int) -> int:
+        """Rows that must all accept a draft for it to count: 1 when rows are ragged."""
+        return 1 if self.ragged else rows
 
     def choose(
         self, state: int, rows: int = 1, max_gamma: int | None = None, *, full: bool = False
@@ -465,17 +475,18 @@ class ThroughputModel:
         move by about 1/memory a round once settled. See ``PLAN_ROUNDS`` for when a plan is
         remade.
         """
-        key = (state, full, rows)
+        key = (state, full, rows, self.ragged)
         plan = self._plans.get(key)
         if plan is not None and self.rounds - plan.made < PLAN_ROUNDS:
             return plan
-        verify = self._line.many(self.positions + 2)
+        verify = self._line.many(self.positions + 2, step=rows)
         verify_mean = self._line.mean_seconds()
         drafters = sorted({d for d, _ in self.arms if d is not None})
         alpha, beta = (
             self._posteriors(state, full, drafters) if drafters else (np.zeros((0, 0)),) * 2
         )
-        mean_tokens = expected_tokens(alpha / (alpha + beta), rows) if drafters else alpha
+        together = self._together(rows)
+        mean_tokens = expected_tokens(alpha / (alpha + beta), together) if drafters else alpha
         row_of = {d: row for row, d in enumerate(drafters)}
         lengths: list[int] = []
         fixed: list[float] = []
@@ -525,7 +536,7 @@ class ThroughputModel:
         tokens: list[dict[int, list[float]]] = [{} for _ in range(PLAN_ROUNDS)]
         for d, alpha in plan.alpha.items():
             drawn = self._rng.beta(alpha, plan.beta[d], size=(PLAN_ROUNDS, len(alpha)))
-            by_length = expected_tokens(drawn, rows).tolist()
+            by_length = expected_tokens(drawn, self._together(rows)).tolist()
             for each, row in zip(tokens, by_length, strict=True):
                 each[d] = row
         plan.tokens, plan.next = tokens, 0
@@ -547,6 +558,7 @@ class ThroughputModel:
         other_seconds: float,
         *,
         full: bool = False,
+        rows: int = 1,
     ) -> None:
         """Learn from one round.
 
@@ -559,9 +571,11 @@ class ThroughputModel:
             other_seconds: the rest of the round (verification, acceptance, commit).
             full: whether the round before it had all its drafts accepted (as passed to
                 ``choose``).
+            rows: live rows of the round (its verification read ``rows * (drafted + 1)``
+                tokens).
         """
         self.rounds += 1
-        self._line.add(drafted + 1, other_seconds)
+        self._line.add(rows * (drafted + 1), other_seconds)
         switched, self._last_drafter = drafter != self._last_drafter, drafter
         f = int(full)
         for d in range(self.n_drafters):
@@ -627,7 +641,7 @@ class _Plan:
 
 def expected_tokens(rates: np.ndarray, rows: int) -> np.ndarray:
     """Expected tokens per row of a round for every draft length 0..P, per row of ``rates``
-    (shape (D, P): acceptance per position); every row of the batch must accept, since the batch
-    moves in lockstep."""
+    (shape (D, P): acceptance per position), when ``rows`` rows must all accept a draft for it
+    to count (lockstep; 1 for ragged rows)."""
     runs = np.cumprod(rates**rows, axis=1)
     return np.concatenate([np.ones((rates.shape[0], 1)), 1.0 + np.cumsum(runs, axis=1)], axis=1)

@@ -29,6 +29,7 @@ from .metrics import Metrics, server_metrics
 from .protocol import ApiError, invalid
 from .responses import model_card
 from .service import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, Service
+from .worker import Batching
 
 if TYPE_CHECKING:
     from ..engine import SpeculativeEngine
@@ -82,6 +83,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     metrics: Metrics | None = None,
+    batching: Batching = "continuous",
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` under OpenAI's API.
 
@@ -96,6 +98,9 @@ def create_app(
         body_timeout_s: a body that has not fully arrived this long after its headers is
             answered 408 (the headers' own limit is uvicorn's side: see ``serve``).
         metrics: where to count (default: a fresh ``server_metrics()``).
+        batching: ``"continuous"``: requests join the running batch between the engine's
+            rounds (static anyway for models whose caches cannot take rows in: sliding-window,
+            recurrent); ``"static"``: they wait for the next batch.
 
     The worker thread starts and stops with the app's lifespan (uvicorn runs it).
     """
@@ -109,6 +114,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         body_timeout_s=body_timeout_s,
         metrics=metrics or server_metrics(),
+        batching=batching,
     )
 
     @contextlib.asynccontextmanager

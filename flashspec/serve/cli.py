@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import _argtypes
 from ..options import EngineOptions, UserError
+from .worker import BATCHING_MODES  # stdlib only: loads without FastAPI
 
 
 def port(text: str) -> int:
@@ -40,8 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Serve the target with speculative decoding under OpenAI's API: POST "
             "/v1/completions and /v1/chat/completions (stream: true for server-sent events), "
             "GET /v1/models, /health and /metrics (Prometheus). Concurrent requests are "
-            "batched, up to --max-batch rows per engine batch. Without --target, serves the "
-            "bundled demo pair."
+            "batched, up to --max-batch rows per engine batch; by default requests join the "
+            "running batch between rounds (--batching). Without --target, serves the bundled "
+            "demo pair."
         ),
     )
     EngineOptions.add_arguments(serve, sampling=False)
@@ -59,6 +61,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_argtypes.positive_int,
         default=8,
         help="rows per engine batch at most; 1 disables batching (8)",
+    )
+    serve.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        default="continuous",
+        help="continuous: requests join the running batch between the engine's rounds (static "
+        "anyway for sliding-window and recurrent models); static: they wait for the next "
+        "batch (continuous)",
     )
     serve.add_argument(
         "--max-queue",
@@ -122,7 +132,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ) from None
     print(
         f"flashspec serve: {model_name!r} on http://{args.host}:{listener.getsockname()[1]}/v1 "
-        f"(max batch {args.max_batch}, queue {args.max_queue}, timeout {args.timeout:g} s, "
+        f"(max batch {args.max_batch}, {args.batching} batching, queue {args.max_queue}, "
+        f"timeout {args.timeout:g} s, "
         f"API key {'on' if api_key else 'off'}); Ctrl-C stops",
         file=sys.stderr,
         flush=True,
@@ -133,6 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             sock=listener,
             model_name=model_name,
             max_batch=args.max_batch,
+            batching=args.batching,
             max_queue=args.max_queue,
             timeout_s=args.timeout,
             api_key=api_key,

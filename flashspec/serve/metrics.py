@@ -168,7 +168,12 @@ def server_metrics() -> Metrics:
     )
     metrics.gauge("queue_depth", "Generations waiting for the engine.")
     metrics.gauge("running_rows", "Rows in the batch the engine is running now.")
-    metrics.histogram("batch_size", "Rows per engine batch when it starts.", BATCH_BUCKETS)
+    metrics.histogram(
+        "batch_size",
+        "Rows an engine batch starts with, or that join a running one at once (continuous "
+        "batching).",
+        BATCH_BUCKETS,
+    )
     metrics.histogram(
         "request_latency_seconds",
         "Generation request latency, arrival to last token, by endpoint.",

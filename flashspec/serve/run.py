@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 from .app import create_app
 from .http import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, guarded_protocol
 from .service import resolve_api_key
+from .worker import Batching
 
 if TYPE_CHECKING:
     from ..engine import SpeculativeEngine
@@ -68,6 +69,7 @@ def serve(
     api_key: str | None = None,
     log_level: str = "info",
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    batching: Batching = "continuous",
 ) -> None:
     """Serve ``engine`` until interrupted (see ``create_app`` for the settings).
 
@@ -82,6 +84,7 @@ def serve(
         max_queue=max_queue,
         timeout_s=timeout_s,
         api_key=resolve_api_key(api_key),
+        batching=batching,
     )
     listener = sock if sock is not None else bind(host, port)
     server = uvicorn.Server(

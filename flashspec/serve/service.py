@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from .metrics import Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, invalid
-from .worker import EngineWorker
+from .worker import Batching, EngineWorker
 
 if TYPE_CHECKING:
     from ..config import Method, SamplingConfig
@@ -77,6 +77,7 @@ class Service:
         max_body_bytes: int,
         body_timeout_s: float,
         metrics: Metrics,
+        batching: Batching = "continuous",
     ) -> None:
         if engine.tokenizer is None:
             raise ValueError(
@@ -106,7 +107,7 @@ class Service:
         )
         self.created = int(time.time())
         self.worker = EngineWorker(
-            engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics
+            engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics, batching=batching
         )
 
     # -- the HTTP request ------------------------------------------------------------------

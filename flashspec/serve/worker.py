@@ -1,6 +1,8 @@
 """The engine worker of ``flashspec serve``: one thread that owns the engine and batches requests.
 
-Batching is static: jobs that arrive while a batch runs wait for the next one.
+Batching is continuous by default: jobs that arrive while a batch runs join it between rounds
+(``TokenStream.join``). ``batching="static"``, and models whose caches cannot take rows into a
+running batch, keep static batching: such jobs wait for the next batch.
 """
 
 from __future__ import annotations
@@ -12,26 +14,39 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from .metrics import Metrics
 
 if TYPE_CHECKING:
     from ..config import SamplingConfig
-    from ..engine import SpeculativeEngine
+    from ..engine import SpeculativeEngine, TokenStream
 
 logger = logging.getLogger("flashspec.server")
+
+Batching = Literal["continuous", "static"]
+BATCHING_MODES: tuple[Batching, ...] = get_args(Batching)
+
+# Rows one continuous stream takes in its lifetime, per ``max_batch`` row. The engine keeps
+# every finished row's output until its stream ends, and reports the stream's draft counters
+# only then, so a stream fed forever would grow without bound and leave the acceptance metrics
+# stale. Past this many rows it takes no more joins, drains, and the next batch starts afresh.
+STREAM_ROWS_PER_SLOT = 64
 
 # An engine runs one generation at a time and is not thread-safe, so exactly one thread touches it.
 # HTTP handlers (on the event loop) turn each prompt into a ``Job`` and ``submit`` it to a bounded
 # queue; the worker takes the oldest waiting job plus up to ``max_batch - 1`` more with the same
-# sampling settings (``Job.group``: one ``SamplingConfig`` serves a whole batch), runs them as one
-# ``engine.stream`` batch, and hands every ``StreamChunk`` to its job's ``deliver`` callback (which
-# the server points at the request's asyncio queue).
+# sampling settings (``Job.group``: one ``SamplingConfig`` and one generator serve a whole
+# stream), runs them as one ``engine.stream``, and hands every ``StreamChunk`` to its job's
+# ``deliver`` callback (which the server points at the request's asyncio queue).
 #
-# There is no continuous batching. Rows that finish, or whose request was cancelled (client gone,
-# timeout), leave the running batch before its next round (``TokenStream.cancel``), so the batch
-# only shrinks.
+# Continuous batching: after every chunk, while the stream has fewer than ``max_batch`` live
+# rows, waiting jobs of the stream's group join it (the engine reads them in before its next
+# round). Only the queue's head may join, so a job of another group at the head stops the
+# joining: the stream drains, ends, and that job starts the next one. A job therefore never
+# waits behind a younger one it cannot share a stream with, and no group starves another.
+# Rows that finish, or whose request was cancelled (client gone, timeout), leave before the
+# engine's next round (``TokenStream.cancel``).
 
 
 @dataclass(frozen=True)
@@ -93,27 +108,40 @@ class EngineWorker:
 
     Args:
         engine: a ``SpeculativeEngine``; nothing else may use it while the worker runs.
-        max_batch: rows per engine batch at most.
+        max_batch: rows per engine batch at most (live rows at once, joined ones included).
         max_queue: jobs waiting for the engine at most; ``submit`` refuses beyond it.
         metrics: where queue depth, batch sizes, tokens and cancellations are counted.
+        batching: ``"continuous"``: waiting jobs join the running batch between rounds;
+            ``"static"``: they wait for the next batch.
     """
 
     def __init__(
-        self, engine: SpeculativeEngine, *, max_batch: int, max_queue: int, metrics: Metrics
+        self,
+        engine: SpeculativeEngine,
+        *,
+        max_batch: int,
+        max_queue: int,
+        metrics: Metrics,
+        batching: Batching = "continuous",
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        if batching not in BATCHING_MODES:
+            raise ValueError(
+                f"batching must be one of {', '.join(map(repr, BATCHING_MODES))}, got {batching!r}"
+            )
         self.engine = engine
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics
+        self.batching: Batching = batching
         self._pending: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._last_batch_s = 1.0
+        self._last_run_s = 1.0
 
     # -- called from the event loop -------------------------------------------------------
 
@@ -177,8 +205,9 @@ class EngineWorker:
         # A running job's row is dropped by the worker before the engine's next round.
 
     def retry_after_s(self) -> int:
-        """A Retry-After estimate for a refused request: about one batch's duration."""
-        return max(1, min(60, math.ceil(self._last_batch_s)))
+        """A Retry-After estimate for a refused request: about how long the last generation
+        ran (a place in the queue frees as running rows finish)."""
+        return max(1, min(60, math.ceil(self._last_run_s)))
 
     # -- the worker thread -----------------------------------------------------------------
 
@@ -187,12 +216,10 @@ class EngineWorker:
             batch = self._next_batch()
             if batch is None:
                 return
-            started = time.perf_counter()
             try:
                 self._run_batch(batch)
             except Exception:
                 logger.exception("engine batch failed")
-            self._last_batch_s = time.perf_counter() - started
 
     def _next_batch(self) -> list[Job] | None:
         """Wait for work; take the oldest job and compatible ones after it (None: stopping)."""
@@ -234,37 +261,39 @@ class EngineWorker:
                 job.deliver(Event(error=f"generation failed: {exc}"))
             metrics.set("running_rows", 0)
             return
-        live = dict(enumerate(batch))
-        requested: set[int] = set()
-
-        def drop_cancelled() -> None:
-            for row, job in live.items():
-                if row not in requested and (job.cancel_reason or self._stopping):
-                    requested.add(row)
-                    stream.cancel(row)
-
-        generated = 0
+        run = _Run(stream, head.group, batch)
+        # Decided once, before the first round: a stream of models that cannot take rows in
+        # (sliding-window, recurrent) runs as a static batch. So does a seeded one: its group
+        # is its request's alone, and whether the request's later prompts joined would depend
+        # on other requests' timing (see _join_waiting), so the seed would not fix the output.
+        if self.batching == "continuous" and head.seed is None and stream.joinable:
+            run.joins_left = max(0, self.max_batch * STREAM_ROWS_PER_SLOT - len(batch))
         try:
-            drop_cancelled()  # cancelled between leaving the queue and now
+            self._drop_cancelled(run)  # cancelled between leaving the queue and now
             for chunk in stream:
-                owner = live.get(chunk.row)
+                owner = run.live.get(chunk.row)
                 if owner is None:
                     continue
-                generated += len(chunk.token_ids)
+                metrics.inc("generated_tokens_total", len(chunk.token_ids))
                 if chunk.finish_reason is not None:
-                    del live[chunk.row]
-                    metrics.set("running_rows", len(live))
+                    del run.live[chunk.row]
+                    started = run.started.pop(chunk.row)
+                    metrics.set("running_rows", len(run.live))
                     if chunk.finish_reason == "cancelled":
                         self._count_cancel(owner.cancel_reason or "shutdown", "running")
+                    else:
+                        self._last_run_s = time.perf_counter() - started
                 owner.deliver(Event(chunk.text, len(chunk.token_ids), chunk.finish_reason))
-                drop_cancelled()
+                self._drop_cancelled(run)
+                if run.joins_left > 0:
+                    self._join_waiting(run)
         except Exception as exc:
             logger.exception("engine batch failed while streaming")
-            for job in live.values():
+            for job in run.live.values():
                 job.deliver(Event(error=f"generation failed: {exc}"))
+            run.live.clear()
         finally:
             metrics.set("running_rows", 0)
-            metrics.inc("generated_tokens_total", generated)
             result = getattr(stream, "result", None)
             if result is not None:
                 metrics.inc("draft_tokens_total", result.stats.drafted)
@@ -272,6 +301,82 @@ class EngineWorker:
                 drafted = metrics.value("draft_tokens_total")
                 accepted = metrics.value("accepted_draft_tokens_total")
                 metrics.set("acceptance_rate", accepted / drafted if drafted else 0.0)
+        if run.live:
+            # The engine promises every row a final chunk; without one the request would hang
+            # until its timeout, so fail it now.
+            logger.error("the engine's stream ended without finishing rows %s", sorted(run.live))
+            for job in run.live.values():
+                job.deliver(Event(error="generation failed: the engine dropped this row"))
+
+    def _drop_cancelled(self, run: _Run) -> None:
+        for row, job in run.live.items():
+            if row not in run.requested and (job.cancel_reason or self._stopping):
+                run.requested.add(row)
+                run.stream.cancel(row)
+
+    def _join_waiting(self, run: _Run) -> None:
+        """Move waiting jobs of the stream's group from the queue's head into the stream."""
+        room = min(self.max_batch - len(run.live), run.joins_left)
+        # Unlocked peek, as this runs after every chunk: a job submitted just after it waits for
+        # the next chunk, which is still before the next round.
+        if room <= 0 or not self._pending:
+            return
+        if not run.stream.joinable:  # the generation ended between chunks
+            run.joins_left = 0
+            return
+        with self._wake:
+            if self._stopping:
+                return
+            taken: list[Job] = []
+            while self._pending and len(taken) < room and self._pending[0].group == run.group:
+                job = self._pending.popleft()
+                job.queued = False
+                taken.append(job)
+            if not taken:
+                return
+            self._set_depth()
+        now = time.perf_counter()
+        joined = 0
+        for position, job in enumerate(taken):
+            try:
+                row = run.stream.join(job.prompt_ids, job.max_tokens, stop=list(job.stop) or None)
+            except RuntimeError:
+                # joinable said yes, so this is the engine's fault; the jobs lose nothing:
+                # they go back to the queue's head and start the next stream.
+                logger.warning("the engine refused a join; the stream takes no more rows")
+                run.joins_left = 0
+                self._requeue(taken[position:])
+                break
+            except Exception as exc:
+                # The service checked the job, so the engine disagrees about this one only
+                # (TypeError / ValueError): fail it, not the stream.
+                logger.exception("the engine refused a job's row")
+                job.deliver(Event(error=f"generation failed: {exc}"))
+                continue
+            run.live[row] = job
+            run.started[row] = now
+            run.joins_left -= 1
+            joined += 1
+        if joined:
+            self.metrics.observe("batch_size", joined)
+            self.metrics.set("running_rows", len(run.live))
+        # Cancelled while moving from the queue to the stream: its row leaves at once.
+        self._drop_cancelled(run)
+
+    def _requeue(self, jobs: list[Job]) -> None:
+        """Put jobs taken for a join back at the queue's head, in their order.
+
+        They were in the queue a moment ago, so they go back even past ``max_queue``.
+        """
+        with self._wake:
+            for job in reversed(jobs):
+                if job.cancel_reason is not None or self._stopping:
+                    self._count_cancel(job.cancel_reason or "shutdown", "queued")
+                    continue
+                job.queued = True
+                self._pending.appendleft(job)
+            self._set_depth()
+            self._wake.notify()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -280,3 +385,23 @@ class EngineWorker:
 
     def _count_cancel(self, reason: str, stage: str) -> None:
         self.metrics.inc("cancelled_total", reason=reason, stage=stage)
+
+
+class _Run:
+    """The stream the worker is reading and the jobs in it.
+
+    Attributes:
+        live: the job of each row that has not had its final chunk, by row index.
+        started: when each live row entered the stream (``time.perf_counter``).
+        requested: rows whose cancellation the engine has been asked for.
+        joins_left: rows this stream may still take in (0: a static batch).
+    """
+
+    def __init__(self, stream: TokenStream, group: Hashable, batch: list[Job]) -> None:
+        self.stream = stream
+        self.group = group
+        now = time.perf_counter()
+        self.live: dict[int, Job] = dict(enumerate(batch))
+        self.started: dict[int, float] = dict.fromkeys(self.live, now)
+        self.requested: set[int] = set()
+        self.joins_left = 0
