@@ -1,8 +1,8 @@
 """Which cache columns hold which row's tokens, for the ragged batches of ``SpeculativeEngine``.
 
 In a ragged round every row commits its own number of tokens. Moving each row's keys and values
-so that the rows line up again would copy the whole cache every round (measured here: at batch
-16 the copy cost a third of the verify forward). Instead the cache keeps its columns where they
+so that the rows line up again would copy the whole cache every round, on top of the copy each
+``DynamicCache`` update already makes. Instead the cache keeps its columns where they
 are and records, per row, which of them hold the row's tokens (``RowLayout.alive``): the
 columns of a row's rejected drafts stay in place as dead slots, hidden by the attention mask.
 Positions are passed explicitly (a row's k-th token has position k whatever its column), so
