@@ -191,11 +191,18 @@ def test_greedy_sliding_window_target() -> None:
     )
     prompts = ["def quicksort(arr):", "ab", "hello world, this is long"]
     result = engine.generate(prompts, max_new_tokens=24, ignore_eos=True)
-    for prompt, tokens in zip(prompts, result.tokens, strict=True):
+    check_rows_without_eos(target, prompts, result.tokens, 24)
+    assert result.stats.accepted > 0
+
+
+def check_rows_without_eos(
+    target: Any, prompts: list[str], rows: list[list[int]], max_new: int
+) -> None:
+    """Each row equals the target's own greedy ``generate`` of its prompt alone, EOS ignored."""
+    for prompt, tokens in zip(prompts, rows, strict=True):
         ids = torch.tensor([tokenizer()(prompt)["input_ids"]])
         with torch.inference_mode():
             out = target.generate(
-                ids, do_sample=False, max_new_tokens=24, pad_token_id=0, eos_token_id=None
+                ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0, eos_token_id=None
             )
         check_against(target, prompt, tokens, out[0, ids.shape[1] :].tolist())
-    assert result.stats.accepted > 0

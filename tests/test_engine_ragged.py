@@ -16,7 +16,15 @@ import torch
 from conftest import build_llama, perturbed_copy
 from test_engine_distribution import chi_squared, exact
 from test_engine_distribution import models as sampling_models
-from test_engine_greedy import PROMPTS, check_against, check_equal, make_engine, models, tokenizer
+from test_engine_greedy import (
+    PROMPTS,
+    check_against,
+    check_equal,
+    check_rows_without_eos,
+    make_engine,
+    models,
+    tokenizer,
+)
 
 from flashspec import (
     BanditConfig,
@@ -100,13 +108,7 @@ def test_cache_stays_near_the_longest_row() -> None:
     engine.before_round.append(watch)
     prompts = PROMPTS[:6]
     result = engine.generate(prompts, max_new_tokens=96, ignore_eos=True)
-    for prompt, tokens in zip(prompts, result.tokens, strict=True):
-        ids = torch.tensor([tokenizer()(prompt)["input_ids"]])
-        with torch.inference_mode():
-            out = models("plain")[0].generate(
-                ids, do_sample=False, max_new_tokens=96, pad_token_id=0, eos_token_id=None
-            )
-        check_against(models("plain")[0], prompt, tokens, out[0, ids.shape[1] :].tolist())
+    check_rows_without_eos(models("plain")[0], prompts, result.tokens, 96)
     # Packed at COMPACT_COLUMNS dead columns beyond the longest row; a round adds at most 9.
     assert max(width - longest for width, longest in widths) < COMPACT_COLUMNS + 9
     assert any(width > longest for width, longest in widths), "no dead slot ever: test is moot"
@@ -199,13 +201,7 @@ def test_gpt2_ragged_rows_equal_generate() -> None:
     )
     prompts = PROMPTS[:5]
     result = engine.generate(prompts, max_new_tokens=24, ignore_eos=True)
-    for prompt, tokens in zip(prompts, result.tokens, strict=True):
-        ids = torch.tensor([tokenizer()(prompt)["input_ids"]])
-        with torch.inference_mode():
-            out = target.generate(
-                ids, do_sample=False, max_new_tokens=24, pad_token_id=0, eos_token_id=None
-            )
-        check_against(target, prompt, tokens, out[0, ids.shape[1] :].tolist())
+    check_rows_without_eos(target, prompts, result.tokens, 24)
 
 
 # -- sampling inside batches of different prompt lengths ----------------------------------------
