@@ -93,10 +93,11 @@ def run_level(
     clients: int,
     requests: int,
     prompts: list[str],
-    max_tokens: int,
+    max_tokens: list[int],
     api_key: str | None,
 ) -> dict[str, Any]:
-    """``clients`` threads, each sending ``requests`` requests back to back."""
+    """``clients`` threads, each sending ``requests`` requests back to back; request k of client
+    i asks for ``max_tokens[(i + k) % len(max_tokens)]`` tokens."""
     results: list[dict[str, float]] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -104,8 +105,9 @@ def run_level(
     def client(index: int) -> None:
         for k in range(requests):
             prompt = prompts[(index * requests + k) % len(prompts)]
+            budget = max_tokens[(index + k) % len(max_tokens)]
             try:
-                got = one_request(host, port, prompt, max_tokens, api_key)
+                got = one_request(host, port, prompt, budget, api_key)
             except (OSError, RuntimeError) as exc:
                 with lock:
                     errors.append(str(exc))
@@ -197,7 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, help="in-process: target (default: demo)")
     parser.add_argument("--draft", default=None, help="in-process: draft model")
     parser.add_argument("--requests", type=int, default=8, help="requests per client (8)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (32)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="tokens per request (32); several values: request k of client i asks for the "
+        "(i + k)-th, cycling (mixed lengths, where a static batch waits for its longest row)",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument(
         "--modes",

@@ -442,12 +442,20 @@ def _order_and_seeds(settings: dict[str, Any]) -> str:
 _SERVE_MODES = {"unbatched": 0, "static": 1, "batched": 1, "continuous": 2}
 
 
+def _serve_budget(value: int | list[int]) -> str:
+    """``--max-tokens``: one budget, or several cycled through by request (mixed lengths)."""
+    if isinstance(value, int) or len(value) == 1:
+        return str(value if isinstance(value, int) else value[0])
+    return f"{', '.join(map(str, value))} (cycled per request)"
+
+
 def serve_section(data: dict[str, Any]) -> str:
     s = data["settings"]
     modes = s.get("modes", ["batched", "unbatched"])
     lines = [
         f"`python benchmarks/load_server.py` ({_versions(data['machine'])}): the demo pair, "
-        f"{s['requests']} requests per client of {s['max_tokens']} new tokens, HumanEval "
+        f"{s['requests']} requests per client of {_serve_budget(s['max_tokens'])} new tokens, "
+        "HumanEval "
         f"prompts, clients in the server's process; continuous = `--batching continuous "
         f"--max-batch {s['max_batch']}` (requests join the running batch between rounds), "
         f"static = `--batching static --max-batch {s['max_batch']}` (they wait for the next "
@@ -654,7 +662,11 @@ def sections() -> dict[str, str]:
         bodies["SUMMARY"] = summary_section(engine, PAGES["SUMMARY"])
         bodies["ENGINE-BENCH"] = engine_section(engine, profile, PAGES["ENGINE-BENCH"])
     if SERVE_JSON.exists():
-        bodies["SERVE-LOAD"] = serve_section(_load(SERVE_JSON))
+        serve = [serve_section(_load(SERVE_JSON))]
+        mixed = RESULTS / "serve_load_mixed.json"
+        if mixed.exists():
+            serve += ["", "Mixed request lengths:", "", serve_section(_load(mixed))]
+        bodies["SERVE-LOAD"] = "\n".join(serve)
     batch_runs = [BATCH_JSON] if BATCH_JSON.exists() else []
     batch_runs += sorted(RESULTS.glob("batch-*.json"))
     if batch_runs:
