@@ -185,7 +185,7 @@ def test_greedy_sliding_window_target() -> None:
     )  # fmt: skip
     target: Any = MistralForCausalLM(config).eval()
     engine = SpeculativeEngine(
-        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3), bandit=BanditConfig(batches="fixed")),
         [ModelDrafter(perturbed_copy(target, 0.02, seed=5), name="draft")],
         TargetModel("mistral-tiny", model=target, tokenizer=tokenizer()),
     )

@@ -224,12 +224,19 @@ def test_small_temperature_keeps_the_softmax_it_tends_to() -> None:
 def test_engine_at_a_tiny_temperature_gives_the_greedy_output() -> None:
     from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
-    from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
+    from flashspec import (
+        BanditConfig,
+        FlashSpecConfig,
+        SamplingConfig,
+        SpeculativeEngine,
+        TargetModel,
+    )
     from flashspec.drafters import ModelDrafter
 
     target = build_llama(0, init_range=0.3)
     engine = SpeculativeEngine(
-        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        # batches="fixed": the batch drafts every round (the default may choose plain decoding).
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3), bandit=BanditConfig(batches="fixed")),
         [ModelDrafter(perturbed_copy(target, 0.02, seed=1), name="draft")],
         TargetModel("tiny", model=target, tokenizer=build_char_tokenizer()),
     )
