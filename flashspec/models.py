@@ -264,6 +264,10 @@ class CausalLM:
         are its next tokens)."""
         rows = self.rows
         assert rows is not None
+        if rows.width == 0:
+            # Nothing cached: start from a fresh cache, so that no empty layer tensor of an
+            # earlier batch size meets this batch's rows.
+            self.cache = new_cache(self.model)
         positions, alive, mask = rows.plan(dead, ids.shape[1], ids.device)
         if self.max_context is not None:
             positions = positions.clamp_max(self.max_context - 1)  # as in _model_forward
@@ -396,6 +400,10 @@ class CausalLM:
             crop_cache(self.cache, count)
             self.rows.crop(count)
             self.cached = self.rows.width
+            if self.cached == 0:
+                # No columns left, but the layers' empty tensors still have the old batch size,
+                # which a later change of rows would not update (nothing to select or append).
+                self.cache = new_cache(self.model)
 
     def _compact(self) -> None:
         rows = self.rows
@@ -415,6 +423,7 @@ class CausalLM:
         if rows.alive is None:
             return  # nothing read yet: the first forward reads every row
         if self.cached == 0:
+            self.cache = new_cache(self.model)  # no tensor of the old batch size stays
             rows.alive = rows.alive.new_zeros((rows.alive.shape[0] + tokens.shape[0], 0))
             rows.lengths = [*rows.lengths, *([0] * tokens.shape[0])]
             return

@@ -36,6 +36,7 @@ from flashspec import (
 from flashspec._layout import COMPACT_COLUMNS, RowLayout
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
 from flashspec.engine.loop import RoundView
+from flashspec.models import Padding
 
 MAX_NEW = 32
 
@@ -322,3 +323,24 @@ def test_llama_draft_of_other_depth_in_ragged_batches() -> None:
         eos = target.generation_config.eos_token_id
         check_against(target, prompt, tokens, ref[: ref.index(eos) + 1] if eos in ref else ref)
     assert len(result.stats.arm_rounds) == 2, "both drafters should have run"
+
+
+def test_a_cache_emptied_then_resized_takes_the_new_batch() -> None:
+    """A cache whose rows all lost their tokens keeps empty layer tensors of the old batch size;
+    after rows leave or join, the next forward must not meet them."""
+    target, _ = models("plain")
+    lm = TargetModel("tiny", model=target, tokenizer=tokenizer())
+    lm.reset()
+    tokens = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    padding = Padding(torch.tensor([0, 0]))
+    lm.feed(tokens, padding)
+    lm.keep_rows([0, 0])  # every row loses its tokens: no column left
+    assert lm.cached == 0
+    lm.select_rows(torch.tensor([1]))
+    one = lm.feed(tokens[1:], Padding(torch.tensor([0])))
+    with torch.inference_mode():
+        want = target(tokens[1:]).logits[:, -1:]
+    assert torch.allclose(one, want, atol=1e-5)
+    lm.keep_rows([0])
+    lm.add_rows(tokens, Padding(torch.tensor([0, 0])))  # two rows join an empty cache
+    assert lm.feed(torch.cat([tokens[1:], tokens]), Padding(torch.tensor([0, 0, 0]))).shape[0] == 3
