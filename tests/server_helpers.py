@@ -74,6 +74,24 @@ def open_stream(
     return connection, connection.getresponse()
 
 
+def read_stream_text(response: Any, each_line: Callable[[], None] | None = None) -> tuple[str, int]:
+    """A streamed completion's text and its usage count, asserting no error event arrived;
+    ``each_line`` runs before each line is read on (a slow client)."""
+    pieces: list[str] = []
+    usage = 0
+    for line in response:
+        if each_line is not None:
+            each_line()
+        if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+            continue
+        event = json.loads(line[len(b"data: ") :])
+        assert "error" not in event, event
+        pieces.extend(c["text"] for c in event["choices"])
+        if event.get("usage"):
+            usage = event["usage"]["completion_tokens"]
+    return "".join(pieces), usage
+
+
 def metric(
     server: ServerThread, name: str, headers: dict[str, str] | None = None, **labels: str
 ) -> float:

@@ -28,6 +28,7 @@ from server_helpers import (
     five_xx,
     metric,
     open_stream,
+    read_stream_text,
     request,
     serve_tiny,
     tiny_engine,
@@ -213,17 +214,7 @@ def test_staggered_greedy_requests_each_equal_their_unbatched_output(
         )
         try:
             assert response.status == 200
-            pieces: list[str] = []
-            usage = 0
-            for line in response:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                event = json.loads(line[len(b"data: ") :])
-                assert "error" not in event, event
-                pieces.extend(c["text"] for c in event["choices"])
-                if event.get("usage"):
-                    usage = event["usage"]["completion_tokens"]
-            return "".join(pieces), usage
+            return read_stream_text(response)
         finally:
             connection.close()
 

@@ -35,6 +35,7 @@ from server_helpers import (
     open_stream,
     parse_response,
     raw_connection,
+    read_stream_text,
     read_until_closed,
     request,
     serve_tiny,
@@ -516,19 +517,9 @@ def test_mixed_load_each_output_equals_its_unbatched_output(
             if kind == "cancel-stream":
                 response.readline()
                 return None
-            pieces: list[str] = []
-            usage = 0
-            for line in response:
-                if kind == "slow":
-                    time.sleep(0.02)
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                event = json.loads(line[len(b"data: ") :])
-                assert "error" not in event, event
-                pieces.extend(c["text"] for c in event["choices"])
-                if event.get("usage"):
-                    usage = event["usage"]["completion_tokens"]
-            return "".join(pieces), usage
+            return read_stream_text(
+                response, (lambda: time.sleep(0.02)) if kind == "slow" else None
+            )
         finally:
             connection.close()
 
