@@ -4,7 +4,7 @@
 
 The figures in the README and the docs are never typed by hand: this script renders them
 from the JSON that the benchmarks wrote (``flashspec bench
-kernel|engine|profile|regret|adaptive|recurrent|batch``, ``benchmarks/load_server.py``,
+kernel|engine|profile|regret|adaptive|recurrent|batch|compiled``, ``benchmarks/load_server.py``,
 ``benchmarks/adaptive_headroom.py``), with the machine, versions and git sha recorded there.
 Each section goes between ``<!-- TAG:START -->`` and ``<!-- TAG:END -->`` in the page that
 ``PAGES`` names. Sections whose JSON is missing are left as they are.
@@ -26,6 +26,7 @@ PAGES: dict[str, Path] = {
     "ENGINE-BENCH": DOCS / "benchmarks.md",
     "SERVE-LOAD": DOCS / "benchmarks.md",
     "BATCH-BENCH": DOCS / "benchmarks.md",
+    "COMPILED-BENCH": DOCS / "benchmarks.md",
     "KERNEL-BENCH": DOCS / "kernel.md",
     "ADAPTIVE-BENCH": DOCS / "adaptive.md",
     "DEMO-CARD": DOCS / "demo-pair.md",
@@ -45,6 +46,8 @@ SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
 SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
 # flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
 BATCH_JSON = RESULTS / "batch.json"
+# flashspec bench compiled: the demo pair, then other targets (compiled-smollm2.json, ...).
+COMPILED_JSON = RESULTS / "compiled.json"
 HEADROOM_JSONS = (
     RESULTS / "adaptive_headroom_sample.json",
     RESULTS / "adaptive_headroom_greedy.json",
@@ -524,6 +527,75 @@ def batch_section(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compiled_section(runs: list[dict[str, Any]]) -> str:
+    """``flashspec bench compiled`` runs (``compiled.json``, ``compiled-*.json``): the
+    throughput table, the compile costs and the weight streaming of each."""
+    from flashspec.bench.compiled import compile_table, streaming_lines, table
+
+    lines: list[str] = []
+    for data in runs:
+        m, s, pair = data["machine"], data["settings"], data["pair"]
+        drafter = pair["drafter"]
+        drafted = "prompt lookup" if drafter == "prompt_lookup" else f"`{Path(drafter).name}`"
+        lengths, passes = s["prompt_tokens"], s["repeats"]
+        sampled = s["sampled"]
+        modes = " and ".join(
+            f"sampled (temperature {sampled['temperature']}, top-p {sampled['top_p']})"
+            if mode == "sampled"
+            else mode
+            for mode in s["modes"]
+        )
+        hf = s["hf_compile_config"]
+        floor = data["runs"][0]["weight_streaming"]["floor_bytes_per_second"] / 1e9
+        cache = s.get("inductor_cache") or {}
+        cached = (
+            "held compiled code of earlier runs, which shortens the first calls"
+            if cache.get("warm_at_start")
+            else "was empty: the first calls compiled cold"
+        )
+        lines += [
+            *([""] if lines else []),
+            f"**`{Path(pair['target']).name}`** drafted by {drafted} ({m['cpu']}, "
+            f"{m['cores']} cores, {m.get('torch_threads')} torch threads; torch {m['torch']}, "
+            f"transformers {m['transformers']}, Python {m['python']}; git {m['git_sha'][:10]}, "
+            f"{m['date']}; load average {m.get('loadavg_start')} at the start, "
+            f"{m.get('loadavg_end')} at the end; {data.get('wall_seconds')} s in all). The "
+            f"first {s['prompts']} HumanEval prompts (their last {s['max_prompt_tokens']} "
+            f"tokens at most: {min(lengths)} to {max(lengths)}), one at a time, "
+            f"{s['max_new_tokens']} new tokens each, EOS ignored; {modes}; gamma = "
+            f"{s['gamma']}; weights in {', '.join(s['dtypes'])}. HF `generate` with its dynamic "
+            "cache, eager, is the reference of the greedy check; HF `generate` with "
+            f'`cache_implementation="static"` and `CompileConfig(fullgraph={hf["fullgraph"]}, '
+            f'dynamic={hf["dynamic"]}, mode="{hf["mode"]}")` (with `_compile_all_devices` set, '
+            "without which HF compiles on CUDA only) is the baseline of the ratios; flashspec "
+            "ran `FlashSpecConfig(compile=False)` and `compile=True`. For each dtype and mode, "
+            "one warm-up call of each method on the longest prompt (first call: for the "
+            f"compiled methods it includes the compile; inductor's on-disk cache {cached}), "
+            f"then {passes} "
+            f"pass{'' if passes == 1 else 'es'} over the prompts, every prompt running every "
+            "method, the order rotating from prompt to prompt. Medians over the passes; a ratio "
+            "is the median of each pass's tokens/s ratio (range in brackets). Greedy rows "
+            "identical: prompts whose tokens equal HF eager's in every pass (a tie: they differ "
+            "first where the target's top-2 logits are within the tie rule).",
+            "",
+            table(data),
+            "",
+            "What compiling cost (graphs: shapes compiled in the warm-up; after it: what "
+            "compiled again in the timed passes):",
+            "",
+            compile_table(data),
+            "",
+            "Target weight bytes times target forwards per second (HF: one forward a token; "
+            f"flashspec: one a round), against the {floor:.0f} GB/s weight-streaming floor "
+            "quoted from the design notes (a torch sum on the project's earlier 2-core AVX-512 "
+            "machine; not measured in this run, nor on this machine), for the faster mode of "
+            "each:",
+            "",
+            *streaming_lines(data),
+        ]
+    return "\n".join(lines)
+
+
 def replace_between(text: str, tag: str, body: str) -> str:
     start, end = f"<!-- {tag}:START -->", f"<!-- {tag}:END -->"
     if start not in text or end not in text:
@@ -671,6 +743,10 @@ def sections() -> dict[str, str]:
     batch_runs += sorted(RESULTS.glob("batch-*.json"))
     if batch_runs:
         bodies["BATCH-BENCH"] = batch_section([_load(path) for path in batch_runs])
+    compiled_runs = [COMPILED_JSON] if COMPILED_JSON.exists() else []
+    compiled_runs += sorted(RESULTS.glob("compiled-*.json"))
+    if compiled_runs:
+        bodies["COMPILED-BENCH"] = compiled_section([_load(path) for path in compiled_runs])
     if KERNEL_JSON.exists():
         bodies["KERNEL-BENCH"] = kernel_section(_load(KERNEL_JSON), PAGES["KERNEL-BENCH"])
     adaptive_lines: list[str] = []

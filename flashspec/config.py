@@ -295,6 +295,11 @@ class FlashSpecConfig:
             row emits as many tokens as the row that accepted fewest (the earlier engine; kept
             to measure against). Models whose cache cannot move rows along the columns
             (sliding-window layers, recurrent state) always run in lockstep; both are exact.
+        compile: the compiled path (``flashspec.compiled``): static KV caches and
+            ``torch.compile`` for the drafter's one-token step and the target's verification.
+            ``True`` turns it on (an error if a model cannot take it), ``False`` off,
+            ``"auto"`` (the default) on where it pays: on CUDA, and on a CPU in the server,
+            where the first call's compile is paid once. The engine logs which and why.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -305,8 +310,13 @@ class FlashSpecConfig:
     drafter_name: str | None = None
     max_new_tokens: int | None = None
     batching: Batching = "ragged"
+    compile: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
+        if self.compile not in (True, False, "auto") or not isinstance(self.compile, (bool, str)):
+            raise ValueError(
+                f"FlashSpecConfig.compile must be True, False or 'auto', got {self.compile!r}"
+            )
         if self.batching not in _BATCHING:
             raise ValueError(
                 f"FlashSpecConfig.batching must be one of {_BATCHING}, got {self.batching!r}"

@@ -40,6 +40,8 @@ from ._state import (
     take_snapshot,
     trim_conv,
 )
+from .compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
+from .compiled.step import CompiledForward
 from .config import resolve_dtype
 
 # Loading moved to flashspec.loading; these names stay importable from here.
@@ -158,6 +160,7 @@ class CausalLM:
         state_mode: rollback policy of a stateful model (``flashspec._state.state_mode``; read
             from ``FLASHSPEC_RECURRENT``, settable).
         replays, replayed_tokens, replay_seconds: restore-and-replay forwards this generation.
+        compiled: the compiled forward (``compile_steps``), or None: eager only.
     """
 
     def __init__(
@@ -200,6 +203,63 @@ class CausalLM:
         self.replayed_tokens = 0
         self.replay_seconds = 0.0
         self._span = span("target_forward" if role == "target" else "forward")
+        self.compiled: CompiledForward | None = None
+        self._statics: dict[int, Any] = {}  # static caches by capacity, kept across generations
+        self._static = False  # this generation's cache is one of them
+
+    # The compiled path (``flashspec.compiled``).
+
+    def compile_steps(self, lengths: Sequence[int]) -> None:
+        """Run forwards of ``lengths`` tokens compiled on a static cache from now on (models
+        ``flashspec.compiled.policy.obstacle`` accepts)."""
+        self.compiled = CompiledForward(self.model, lengths, self.name, self.signature.cache_arg)
+
+    def reserve(self, rows: int, columns: int) -> None:
+        """After ``reset``: a generation of ``rows`` rows needs up to ``columns`` columns. On
+        the compiled path a batch of one takes a static cache of that size's bucket."""
+        if self.compiled is None or rows != 1 or self.rows is None:
+            return
+        capacity = capacity_for(columns)
+        if self.max_context is not None:
+            capacity = min(capacity, max(self.max_context, columns))
+        cache = self._statics.get(capacity)
+        if cache is None:
+            cache = self._statics[capacity] = new_static_cache(self.model, capacity)
+        self.cache = cache
+        self._static = True
+
+    def warm_up(self) -> None:
+        """Compile every compiled length now, in the smallest capacity bucket (a server does
+        this before it listens, so that no request waits for a compile)."""
+        if self.compiled is None:
+            return
+        capacity = MIN_COLUMNS
+        if self.max_context is not None:
+            capacity = min(capacity, self.max_context)
+        cache = self._statics.get(capacity)
+        if cache is None:
+            cache = self._statics[capacity] = new_static_cache(self.model, capacity)
+        device = self.device
+        start = 2
+        with torch.inference_mode():
+            ids = torch.zeros((1, start), dtype=torch.int64, device=device)
+            self.compiled(ids, torch.arange(start, device=device)[None], 0, cache)  # buffers
+            for n in self.compiled.lengths:
+                ids = torch.zeros((1, n), dtype=torch.int64, device=device)
+                positions = torch.arange(start, start + n, device=device)[None]
+                self.compiled(ids, positions, start, cache)
+
+    @property
+    def static(self) -> bool:
+        """Whether this generation's cache is a static one (the compiled path)."""
+        return self._static
+
+    def _leave_static(self) -> None:
+        """Continue eager on a dynamic cache with the same columns (rows joining or leaving a
+        batch: the compiled path runs a batch of one)."""
+        if self._static:
+            self.cache = to_dynamic(self.cache, self.cached, self.model)
+            self._static = False
 
     @property
     def config(self) -> Any:
@@ -221,6 +281,7 @@ class CausalLM:
     def reset(self) -> None:
         """Start a new generation: empty cache."""
         self.cache = new_cache(self.model)
+        self._static = False
         self.cached = 0
         self.rows = RowLayout() if self.shiftable else None
         self._sliding = has_sliding_layers(self.cache)
@@ -264,13 +325,21 @@ class CausalLM:
         are its next tokens)."""
         rows = self.rows
         assert rows is not None
-        if rows.width == 0:
+        if rows.width == 0 and not self._static:
             # Nothing cached: start from a fresh cache, so that no empty layer tensor of an
             # earlier batch size meets this batch's rows.
             self.cache = new_cache(self.model)
         positions, alive, mask = rows.plan(dead, ids.shape[1], ids.device)
         if self.max_context is not None:
             positions = positions.clamp_max(self.max_context - 1)  # as in _model_forward
+        if self._static and (mask is not None or ids.shape[0] != 1):
+            self._leave_static()  # only a batch of one, every column alive, runs static
+        if self._static:
+            assert self.compiled is not None
+            scores = self.compiled(ids, positions, rows.width, self.cache)
+            rows.append(alive, [ids.shape[1] - d for d in dead])
+            self.cached = rows.width
+            return scores[:, -keep:]
         kwargs: dict[str, Any] = {
             self.signature.cache_arg: self.cache,
             "use_cache": True,
@@ -376,6 +445,7 @@ class CausalLM:
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index`` (finished rows leave the batch)."""
+        self._leave_static()
         if self.cached > 0:
             select_attention_rows(self.cache, index)
             select_state_rows(self.cache, index)
@@ -400,7 +470,7 @@ class CausalLM:
             crop_cache(self.cache, count)
             self.rows.crop(count)
             self.cached = self.rows.width
-            if self.cached == 0:
+            if self.cached == 0 and not self._static:
                 # No columns left, but the layers' empty tensors still have the old batch size,
                 # which a later change of rows would not update (nothing to select or append).
                 self.cache = new_cache(self.model)
@@ -420,6 +490,7 @@ class CausalLM:
         rows = self.rows
         if rows is None:
             raise RuntimeError(f"{self.name}: rows can only join a shiftable model's batch")
+        self._leave_static()
         if rows.alive is None:
             return  # nothing read yet: the first forward reads every row
         if self.cached == 0:

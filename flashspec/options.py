@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from . import _argtypes
 
@@ -45,6 +45,7 @@ class EngineOptions:
     device: str = "cpu"
     dtype: str = "float32"
     lockstep: bool = False
+    compile: str = "auto"
 
     # The sampling flags: ``flashspec serve`` leaves them out (each request brings its own).
     SAMPLING = ("temperature", "top_p", "top_k", "seed", "method")
@@ -141,6 +142,7 @@ class EngineOptions:
             help="rows of a batch advance together, by the fewest drafts any row accepted (the "
             "earlier engine, to measure against; default: each row commits its own)",
         )
+        add_compile_argument(parser)
         parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
         parser.add_argument(
             "--dtype",
@@ -155,8 +157,9 @@ class EngineOptions:
         their defaults)."""
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
-    def build(self) -> Any:
-        """The engine these options describe.
+    def build(self, *, long_lived: bool = False) -> Any:
+        """The engine these options describe (``long_lived``: for the server, where
+        ``--compile auto`` compiles on a CPU too).
 
         Raises:
             UserError: bad flag combinations or values, missing or unloadable models, a model
@@ -197,6 +200,7 @@ class EngineOptions:
                 device=self.device,
                 dtype=self.dtype,
                 batching="lockstep" if self.lockstep else "ragged",
+                compile=compile_setting(self.compile),
             )
         except (ValueError, TypeError) as exc:
             raise UserError(_flag_message(str(exc))) from None
@@ -227,10 +231,33 @@ class EngineOptions:
         if not drafters or adaptive:
             drafters.append(PromptLookupDrafter())
         try:
-            return SpeculativeEngine(config, drafters, target)
+            return SpeculativeEngine(config, drafters, target, long_lived=long_lived)
         except ValueError as exc:
-            # The engine's vocabulary check; its message already says what to use instead.
+            # The engine's vocabulary and --compile on checks; each message says what to use
+            # instead.
             raise UserError(first_line(exc)) from None
+
+
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def add_compile_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--compile auto|on|off`` (``FlashSpecConfig.compile``)."""
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_CHOICES,
+        default="auto",
+        help="the compiled path: static KV caches and torch.compile'd draft and verify steps. "
+        "auto (default): on on CUDA and in the server, off for a one-off generation on a CPU "
+        "(the first call compiles for about a minute); on; off. One log line says which and why",
+    )
+
+
+def compile_setting(choice: str) -> bool | Literal["auto"]:
+    """``--compile``'s choice as a ``FlashSpecConfig.compile`` value."""
+    if choice not in COMPILE_CHOICES:
+        raise UserError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {choice!r}")
+    return "auto" if choice == "auto" else choice == "on"
 
 
 def _looks_local(name: str) -> bool:

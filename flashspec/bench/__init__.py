@@ -1,5 +1,5 @@
-"""The ``flashspec bench`` commands (engine, kernel, profile, regret, adaptive, recurrent, batch),
-one module each, and the helpers that research scripts in ``benchmarks/`` build on."""
+"""The ``flashspec bench`` commands (engine, kernel, profile, regret, adaptive, recurrent, batch,
+compiled), one module each, and the helpers that research scripts in ``benchmarks/`` build on."""
 
 from __future__ import annotations
 

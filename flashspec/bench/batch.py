@@ -30,7 +30,6 @@ prompt lookup, as the engine's default does for it.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 import time
@@ -43,14 +42,16 @@ import torch
 
 from .. import _argtypes
 from .._greedy import compare_greedy
+from ..compiled import CompileSetting
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
 from ..loading.gguf import MissingDependencyError
 from ..loading.named import ModelNotInstalledError
 from ..models import DEMO_NAMES, TargetModel
+from ..options import add_compile_argument, compile_setting
 from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
-from .pair import Pair, encode, load_pair
+from .pair import Pair, draft_for, encode, load_pair, quiet_and_threads
 from .runner import forward_counter
 
 BASELINE = "hf_batched"
@@ -91,24 +92,29 @@ class BatchRun:
     arm_rounds: dict[str, int] = field(default_factory=dict)
 
 
-def engine_config(method: str, gamma: int, lookup: bool) -> FlashSpecConfig:
-    """The engine configuration a flashspec method stands for (greedy, draft length gamma)."""
+def engine_config(
+    method: str, gamma: int, lookup: bool, compile: CompileSetting = False
+) -> FlashSpecConfig:
+    """The engine configuration a flashspec method stands for (greedy, draft length gamma;
+    ``compile``: ``FlashSpecConfig.compile``, which runs a batch of one compiled)."""
     sampling = SamplingConfig(gamma=gamma)
     fixed = BanditConfig(batches="fixed")
     if method == "ragged":
-        return FlashSpecConfig(sampling=sampling, bandit=fixed, batching="ragged")
+        return FlashSpecConfig(sampling=sampling, bandit=fixed, batching="ragged", compile=compile)
     if method == "lockstep":
-        return FlashSpecConfig(sampling=sampling, bandit=fixed, batching="lockstep")
+        return FlashSpecConfig(
+            sampling=sampling, bandit=fixed, batching="lockstep", compile=compile
+        )
     if method == "default":
         if lookup:
             bandit = BanditConfig(plain=True, context="lookup")
-            return FlashSpecConfig(sampling=sampling, bandit=bandit)
-        return FlashSpecConfig(sampling=sampling)
+            return FlashSpecConfig(sampling=sampling, bandit=bandit, compile=compile)
+        return FlashSpecConfig(sampling=sampling, compile=compile)
     if method == "ragged_adaptive":
         # What SpeculativeEngine.from_pretrained builds by default for a target drafted by
         # prompt lookup; with a draft model the same minus the lookup context.
         bandit = BanditConfig(plain=True, context="lookup" if lookup else "none")
-        return FlashSpecConfig(sampling=sampling, bandit=bandit, batching="ragged")
+        return FlashSpecConfig(sampling=sampling, bandit=bandit, batching="ragged", compile=compile)
     raise ValueError(f"{method!r} is not a flashspec method; choose from {METHODS[1:]}")
 
 
@@ -122,16 +128,20 @@ def describe(config: FlashSpecConfig) -> dict[str, Any]:
         "selector": bandit.selector if bandit.plain or bandit.gammas else None,
         "context": bandit.context,
         "batches": bandit.batches,
+        "compile": config.compile,
     }
 
 
 class BatchRunner:
     """Runs each method on a batch of token rows, all on the pair's own model objects."""
 
-    def __init__(self, pair: Pair, gamma: int, max_new_tokens: int) -> None:
+    def __init__(
+        self, pair: Pair, gamma: int, max_new_tokens: int, compile: CompileSetting = False
+    ) -> None:
         self.pair = pair
         self.gamma = gamma
         self.max_new_tokens = max_new_tokens
+        self.compile = compile
         self.lookup = pair.draft is None
         self._engines: dict[str, SpeculativeEngine] = {}
 
@@ -156,7 +166,7 @@ class BatchRunner:
                 else ModelDrafter(pair.draft, name=pair.draft_name, tokenizer=pair.tokenizer)
             )
             target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
-            config = engine_config(method, self.gamma, self.lookup)
+            config = engine_config(method, self.gamma, self.lookup, self.compile)
             self._engines[method] = SpeculativeEngine(config, [drafter], target)
         return self._engines[method]
 
@@ -277,6 +287,7 @@ class BatchSettings:
     gamma: int = 4
     repeats: int = 3
     methods: tuple[str, ...] = METHODS
+    compile: CompileSetting = False
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -343,7 +354,7 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
     if not prompts or not sizes or min(sizes) < 1 or settings.repeats < 1:
         raise ValueError("need prompts, batch sizes >= 1 and repeats >= 1")
     encoded = [encode(pair, p.text, settings.max_prompt_tokens) for p in prompts]
-    runner = BatchRunner(pair, settings.gamma, settings.max_new_tokens)
+    runner = BatchRunner(pair, settings.gamma, settings.max_new_tokens, settings.compile)
     jobs = [
         (size, repeat, index)
         for size in sizes
@@ -451,8 +462,12 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
             "repeats": settings.repeats,
             "methods": methods,
             "configs": {
-                m: describe(engine_config(m, settings.gamma, runner.lookup)) for m in methods[1:]
+                m: describe(engine_config(m, settings.gamma, runner.lookup, settings.compile))
+                for m in methods[1:]
             },
+            # The compiled path runs a batch of one compiled; larger batches run eager.
+            "compile": settings.compile,
+            "compiled_path": {m: runner.engine(m).compiled.line() for m in methods[1:]},
             "eos": "ignored by every method (fixed-length generations)",
             "interleaving": "per batch size: fresh engines, a warm-up of each method, then per "
             "repeat each batch runs every method in turn, the order rotating from batch to batch",
@@ -613,6 +628,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="result file stem (default batch; for a real model batch-NAME, e.g. batch-smollm2)",
     )
+    add_compile_argument(parser)
 
 
 def result_name(target: str) -> str:
@@ -642,6 +658,7 @@ def settings_from_args(args: argparse.Namespace) -> BatchSettings:
         gamma=args.gamma,
         repeats=repeats,
         methods=tuple(args.methods),
+        compile=compile_setting(getattr(args, "compile", "auto")),
         progress=not args.no_progress,
         extra={"quick": bool(args.quick), "threads": args.threads, "command": " ".join(sys.argv)},
     )
@@ -653,18 +670,9 @@ def main(args: argparse.Namespace) -> int:
     Exit status 1 when a flashspec row differs from HF's beyond a floating-point tie; a target
     that cannot be loaded here (a named model whose package is absent) is skipped, status 0.
     """
-    hf_logging: Any = importlib.import_module("transformers.utils.logging")
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    quiet_and_threads(args.threads)
     settings = settings_from_args(args)
-    demo = args.target in DEMO_NAMES
-    draft = args.draft
-    if not demo or (draft is not None and draft.lower() == "none"):
-        # The parser's default draft belongs to the demo target; another one drafts by prompt
-        # lookup, as the engine's default does, unless a draft model is named.
-        draft = None if draft is None or draft.lower() in ("none", "demo-draft") else draft
+    draft = draft_for(args.target, args.draft)
     try:
         pair = load_pair(args.target, draft)
     except (ModelNotInstalledError, MissingDependencyError) as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _argtypes
-from ..options import EngineOptions
+from ..options import EngineOptions, add_compile_argument
 from .common import DEFAULT_OUT
 
 
@@ -29,7 +29,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "and C (kernel.json, kernel.png). profile: where a speculative round's time goes "
             "(profile.json). regret: UCB1 and Thompson sampling on Bernoulli arms "
             "(regret.json, regret.png). recurrent: recurrent/hybrid pairs (recurrent.json). "
-            "batch: ragged against lockstep batches and HF batched generate (batch.json)."
+            "batch: ragged against lockstep batches and HF batched generate (batch.json). "
+            "compiled: the compiled path against flashspec eager, HF generate eager and HF "
+            "generate on a compiled static cache (compiled.json)."
         ),
     )
     which = bench.add_subparsers(dest="bench", required=True)
@@ -64,6 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         )
 
     def engine_options(p: argparse.ArgumentParser) -> None:
+        add_compile_argument(p)
         p.add_argument(
             "--humaneval",
             type=_argtypes.nonnegative_int,
@@ -162,6 +165,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     models(batch)
     batch_arguments(batch)
 
+    from .compiled import add_arguments as compiled_arguments
+
+    compiled = which.add_parser(
+        "compiled",
+        help="the compiled path vs flashspec eager, HF generate eager and HF static+compile",
+    )
+    common(compiled)
+    models(compiled)
+    compiled_arguments(compiled)
+
     every = which.add_parser(
         "all", help="kernel, engine and profile in turn (kernel.json, engine.json, profile.json)"
     )
@@ -188,6 +201,7 @@ COMMANDS: dict[str, str] = {
     "adaptive": ".adaptive",
     "recurrent": ".recurrent",
     "batch": ".batch",
+    "compiled": ".compiled",
 }
 ALL = ("kernel", "engine", "profile")
 """What ``flashspec bench all`` runs, in order."""

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from .._greedy import compare_greedy
+from ..compiled import CompileSetting
 from ..models import CausalLM, Padding
+from ..options import compile_setting
 from .common import (
     Prompt,
     humaneval_prompts,
@@ -130,6 +132,7 @@ class EngineSettings:
     methods: tuple[str, ...] = METHODS
     sweep_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     sweep_prompts: int = 8
+    compile: CompileSetting = "auto"
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -141,7 +144,7 @@ def run_engine(pair: Pair, prompts: list[Prompt], settings: EngineSettings) -> d
     One process; methods interleaved per prompt (the order rotates from prompt to prompt),
     after an untimed warm-up of each.
     """
-    runner = Runner(pair, settings.gamma, settings.max_new_tokens)
+    runner = Runner(pair, settings.gamma, settings.max_new_tokens, settings.compile)
     methods = [m for m in settings.methods if runner.available(m)]
     if "hf_greedy" not in methods:
         methods.insert(0, "hf_greedy")  # the reference for speedups and identity
@@ -218,6 +221,7 @@ def run_engine(pair: Pair, prompts: list[Prompt], settings: EngineSettings) -> d
             "gamma": settings.gamma,
             "max_new_tokens": settings.max_new_tokens,
             "max_prompt_tokens": settings.max_prompt_tokens,
+            "compile": settings.compile,
             "temperature": TEMPERATURE,
             "top_p": TOP_P,
             "hf_lookup_tokens": HF_LOOKUP_TOKENS,
@@ -409,6 +413,7 @@ def main(args: argparse.Namespace) -> int:
         methods=methods,
         sweep_gammas=() if args.no_sweep else tuple(int(g) for g in args.sweep_gammas.split(",")),
         sweep_prompts=0 if args.no_sweep else args.sweep_prompts,
+        compile=compile_setting(args.compile),
         progress=not args.no_progress,
         extra={"name": args.name, "quick": bool(args.quick), "command": " ".join(sys.argv)},
     )

@@ -81,3 +81,23 @@ def setup_pair(args: argparse.Namespace) -> Pair:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     return load_pair(args.target, args.draft)
+
+
+def quiet_and_threads(threads: int | None) -> None:
+    """Quiet HF's logging and progress bars, and set ``threads`` torch threads (if given)."""
+    hf_logging: Any = importlib.import_module("transformers.utils.logging")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def draft_for(target: str, draft: str | None) -> str | None:
+    """The draft model a model benchmark loads for ``target``: the parser's default draft
+    belongs to the demo target; another one drafts by prompt lookup (None), as the engine's
+    default does, unless a draft model is named."""
+    from ..models import DEMO_NAMES
+
+    if target not in DEMO_NAMES or (draft is not None and draft.lower() == "none"):
+        return None if draft is None or draft.lower() in ("none", "demo-draft") else draft
+    return draft

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..compiled import CompileSetting
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
@@ -112,10 +113,13 @@ def forward_counter(model: Any) -> Iterator[list[int]]:
 class Runner:
     """Runs each method on token ids; owns one flashspec engine per (method, gamma)."""
 
-    def __init__(self, pair: Pair, gamma: int, max_new_tokens: int) -> None:
+    def __init__(
+        self, pair: Pair, gamma: int, max_new_tokens: int, compile: CompileSetting = "auto"
+    ) -> None:
         self.pair = pair
         self.gamma = gamma
         self.max_new_tokens = max_new_tokens
+        self.compile = compile
         self._engines: dict[tuple[str, int], SpeculativeEngine] = {}
         draft = pair.draft
         # Two assistant configurations, swapped in before each HF assisted call. HF copies
@@ -153,7 +157,7 @@ class Runner:
             )
             target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
             self._engines[key] = SpeculativeEngine(
-                FlashSpecConfig(sampling=sampling), [drafter], target
+                FlashSpecConfig(sampling=sampling, compile=self.compile), [drafter], target
             )
         return self._engines[key]
 

@@ -3,6 +3,7 @@ verify, accept, commit, stop (see ``flashspec.engine`` for why it is exact)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from .._validate import is_int
+from ..compiled import CompileDecision, resolve_compile
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from ..models import (
@@ -39,6 +41,8 @@ from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
 from .results import GenerationResult, StreamChunk, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
 
+LOG = logging.getLogger("flashspec")
+
 COMPACT_COLUMNS = 16
 """Leading columns of the token matrix that are padding in every row, at which they are cut.
 Rows that fall behind in a ragged batch gain left padding, and so do the rest when a longer row
@@ -54,6 +58,8 @@ class SpeculativeEngine:
         target: the model whose output is reproduced (``TargetModel``).
         selector: chooses the arm each round (see ``arms``); by default the one
             ``config.bandit`` describes, built when there is more than one arm.
+        long_lived: the engine serves many generations (the server): ``compile="auto"``
+            compiles on a CPU too (``flashspec.compiled.policy``).
 
     Attributes:
         policy: chooses each round's arm and learns from it (``flashspec.select.policy``).
@@ -66,6 +72,7 @@ class SpeculativeEngine:
         throughput: the ``ThroughputModel`` choosing arms and draft lengths when
             ``config.bandit.selector == "model"`` (the default) and there is more than one arm
             and no ``selector`` was passed; else None. (``model`` is its earlier name.)
+        compiled: whether the compiled path is on and why (``config.compile`` resolved).
 
     Raises:
         ValueError: a model drafter with another vocabulary than the target's, or on another
@@ -78,6 +85,8 @@ class SpeculativeEngine:
         drafters: Sequence[Drafter] | Drafter,
         target: TargetModel,
         selector: Selector | None = None,
+        *,
+        long_lived: bool = False,
     ) -> None:
         if not isinstance(config, FlashSpecConfig):
             raise TypeError(f"config must be a FlashSpecConfig, got {type(config).__name__}")
@@ -118,6 +127,40 @@ class SpeculativeEngine:
         self.before_round: list[Callable[[RoundView], None]] = []
         """Hooks called before every round with its ``RoundView`` (e.g. to probe what other
         drafters would have done); they must leave the generation as they found it."""
+        self.compiled: CompileDecision = self._compile(long_lived)
+
+    def warm_up(self) -> float:
+        """Compile the compiled path's steps now instead of in the first generation (no-op
+        when the path is off); returns the seconds it took."""
+        began = time.perf_counter()
+        if self.compiled.on:
+            self.target.warm_up()
+            for drafter in self.drafters:
+                if drafter.lm is not None:
+                    drafter.lm.warm_up()
+        return time.perf_counter() - began
+
+    def _compile(self, long_lived: bool) -> CompileDecision:
+        """Resolve ``config.compile``, log it, and put the models on the compiled path if on:
+        the drafters' one-token step and the target's verification of each draft length the
+        arms use (plain decoding verifies one token)."""
+        lms = [d.lm for d in self.drafters if d.lm is not None]
+        decision = resolve_compile(self.config.compile, [self.target, *lms], long_lived=long_lived)
+        LOG.info(decision.line())
+        if decision.on:
+            bandit = self.config.bandit
+            gammas = bandit.gammas or [self.config.sampling.gamma]
+            lengths = {g + 1 for g in gammas}
+            if bandit.plain:
+                lengths.add(1)  # (the batch policy's plain rounds have several rows: eager)
+            self.target.compile_steps(sorted(lengths))
+            for lm in lms:
+                lm.compile_steps([1])
+            if self.throughput is not None:
+                # Each verification length is a graph of its own (a compile on first use):
+                # the model drafts up to the compiled lengths, shorter ones padded up to them.
+                self.throughput.max_gamma = min(self.throughput.max_gamma, max(gammas))
+        return decision
 
     @classmethod
     def from_pretrained(
@@ -356,9 +399,7 @@ class SpeculativeEngine:
         # Caches live in the models, so an engine runs one generation at a time.
         owner = object()
         self._owner = owner
-        self.target.reset()
-        for drafter in self.drafters:
-            drafter.reset()
+        self._reset(gen)
         self.policy.start(gen.sampling, ragged=gen.ragged)
         if self.batch_policy is not None:
             self.batch_policy.start(gen.sampling, ragged=gen.ragged)
@@ -613,11 +654,11 @@ class SpeculativeEngine:
         padding = Padding(torch.tensor([total - len(ids) for _, ids in joining], device=device))
         if not gen.live:
             # Nothing running: the caches start again from the joining rows' prompts.
-            self.target.reset()
-            for drafter in self.drafters:
-                drafter.reset()
-            gen.drafted_by.clear()
             gen.tokens, gen.padding = tokens, padding
+            gen.live = [index for index, _ in joining]
+            self._reset(gen)
+            gen.drafted_by.clear()
+            return
         else:
             self.target.add_rows(tokens, padding)
             for drafter in self.drafters:
@@ -626,6 +667,20 @@ class SpeculativeEngine:
             gen.tokens = torch.cat([torch.cat([filler, gen.tokens], dim=1), tokens])
             gen.padding = Padding.stack([gen.padding.shifted([pad] * len(gen.live)), padding])
         gen.live = [*gen.live, *(index for index, _ in joining)]
+
+    def _reset(self, gen: Generation) -> None:
+        """Empty every cache for ``gen``; on the compiled path, a batch of one takes a static
+        cache with room for its longest row and one more verification."""
+        columns = gen.tokens.shape[1] + max(gen.max_new_tokens, default=0) + 1
+        if self.compiled.on:
+            columns += max(self.config.bandit.gammas or [self.config.sampling.gamma]) + 1
+        rows = len(gen.live)
+        self.target.reset()
+        self.target.reserve(rows, columns)
+        for drafter in self.drafters:
+            drafter.reset()
+            if drafter.lm is not None:
+                drafter.lm.reserve(rows, columns)
 
     def _drop_rows(self, gen: Generation, keep: list[int]) -> None:
         """Only the rows at positions ``keep`` of ``gen.live`` go on (tokens, padding, caches)."""

@@ -121,7 +121,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     quiet_libraries()
-    engine = EngineOptions.from_args(args).build()
+    engine = EngineOptions.from_args(args).build(long_lived=True)
+    if engine.compiled.on:
+        print(
+            "flashspec serve: compiling the draft and verify steps before listening "
+            "(the first time on a machine takes about a minute on a small CPU; --compile off "
+            "skips it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        seconds = engine.warm_up()
+        print(f"flashspec serve: compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
     model_name = args.model_name or args.target
     try:
         listener = bind(args.host, args.port)

@@ -1,0 +1,248 @@
+"""One model's forward on a static cache, compiled once per shape and replayed.
+
+A forward of ``k`` tokens writes columns ``start .. start + k - 1`` of the static buffers and
+attends causally to every column before its own: the static path runs a batch of one, whose
+``RowLayout`` columns are all alive (a batch of one never keeps dead columns). Shapes are fixed
+per (rows, tokens, capacity), so each is one graph. The lengths a round uses are compiled
+(``lengths``); a shorter forward is padded up to the next of them (the padding columns come
+after every real token, so no real token sees them, and the next forward writes over them); a
+slightly longer one runs as several; anything longer (prefill) runs eager on the same buffers
+with the same mask.
+
+Compiling is counted: ``compile_seconds`` (first calls of each shape), ``graphs`` (shapes
+compiled) and ``recompiles`` (a shape compiled again after its first call, which should never
+happen; ``FLASHSPEC_COMPILE_DEBUG=1`` makes it an error and logs dynamo's reasons).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .static import initialized, static_capacity
+
+LOG = logging.getLogger("flashspec")
+
+CHUNKS = 3
+"""A forward up to this many times the longest compiled length runs as compiled pieces; a
+longer one runs eager."""
+
+
+def debug_recompiles() -> bool:
+    """Whether ``FLASHSPEC_COMPILE_DEBUG`` asks for recompiles to be errors."""
+    return os.environ.get("FLASHSPEC_COMPILE_DEBUG", "") not in ("", "0")
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class RecompileError(RuntimeError):
+    """A compiled shape was compiled again after warm-up (``FLASHSPEC_COMPILE_DEBUG``)."""
+
+
+class CompiledForward:
+    """``model``'s forward on a static cache: compiled for the token counts ``lengths``, eager
+    otherwise (see the module docstring).
+
+    Args:
+        model: the HuggingFace causal LM (attention-only, positions and a mask as arguments).
+        lengths: token counts to compile (e.g. ``(1,)`` for a drafter's step, ``(5,)`` for a
+            target verifying 4 drafts).
+        name: a label for log lines.
+        cache_arg: the name of the forward's cache argument (``cache``, or ``past_key_values``
+            in older transformers).
+
+    Attributes:
+        compile_seconds: seconds spent in the first call of each compiled shape.
+        graphs: the (rows, tokens, capacity) shapes compiled.
+        recompiles: compiles of a shape after its first call.
+        failed: why compiling was given up (the forward then runs eager), or None.
+        compiled_calls, eager_calls: forwards run each way.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, lengths: Sequence[int], name: str, cache_arg: str = "cache"
+    ) -> None:
+        if not lengths or any(int(n) < 1 for n in lengths):
+            raise ValueError(f"lengths must be token counts >= 1, got {list(lengths)!r}")
+        self.model = model
+        self.lengths = sorted({int(n) for n in lengths})
+        self.name = name
+        self.cache_arg = cache_arg
+        config: Any = getattr(model, "config", None)
+        self._additive = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        cuda = next(model.parameters()).device.type == "cuda"
+        # CUDA graphs replay the whole step on a GPU; on a CPU inductor's fused code is the gain.
+        mode = "reduce-overhead" if cuda else "default"
+        # Dynamo keeps its graphs per code object, and every CompiledForward would share
+        # ``_step``'s: a drafter's and a target's graphs would count as recompiles of one
+        # another and exhaust the recompile limit together. A copy of the code per instance
+        # keeps each model's graphs, and its recompile count, its own.
+        step = types.FunctionType(
+            CompiledForward._step.__code__.replace(), CompiledForward._step.__globals__
+        )
+        self._compiled: Callable[..., torch.Tensor] = torch.compile(
+            types.MethodType(step, self), fullgraph=True, dynamic=False, mode=mode
+        )
+        self.compile_seconds = 0.0
+        self.graphs: set[tuple[int, int, int]] = set()
+        self.recompiles = 0
+        self.failed: str | None = None
+        self.compiled_calls = 0
+        self.eager_calls = 0
+        self._weights: tuple[torch.dtype, torch.device] | None = None
+        if debug_recompiles():
+            logs: Any = importlib.import_module("torch._logging")
+            logs.set_logs(recompiles=True)  # dynamo says which guard failed
+
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, start: int, cache: Any
+    ) -> torch.Tensor:
+        """Logits (B, k, V) of ``ids`` (B, k) at ``positions``, written from column ``start``
+        after ``start`` columns every row attends to."""
+        capacity = static_capacity(cache)
+        if capacity is None:
+            raise TypeError("CompiledForward needs a static cache (flashspec.compiled.static)")
+        count = ids.shape[1]
+        longest = self.lengths[-1]
+        if self.failed is not None or not initialized(cache) or count > CHUNKS * longest:
+            return self._eager(ids, positions, start, cache, capacity)
+        if count > longest:
+            pieces = [
+                self(ids[:, b : b + longest], positions[:, b : b + longest], start + b, cache)
+                for b in range(0, count, longest)
+            ]
+            return torch.cat(pieces, dim=1)
+        length = next(n for n in self.lengths if n >= count)
+        if start + length > capacity:
+            return self._eager(ids, positions, start, cache, capacity)
+        if length > count:
+            extra = length - count
+            ids = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
+            steps = torch.arange(1, extra + 1, device=positions.device).unsqueeze(0)
+            positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+        logits = self._run(ids, positions, start, cache, capacity)
+        return logits[:, :count]
+
+    def _run(
+        self, ids: torch.Tensor, positions: torch.Tensor, start: int, cache: Any, capacity: int
+    ) -> torch.Tensor:
+        shape = (ids.shape[0], ids.shape[1], capacity)
+        first = shape not in self.graphs
+        self._check_model()
+        before = _graph_count()
+        began = time.perf_counter()
+        where = torch.tensor(start, dtype=torch.int64, device=ids.device)
+        # Strides are part of a graph's guards, even those of size-1 dimensions, which
+        # ``contiguous()`` leaves as they are: slices of the token matrix would recompile.
+        ids, positions = _dense(ids), _dense(positions)
+        try:
+            if first:
+                logits = self._compiled(ids, positions, where, cache)
+            else:
+                # Every input is built here with the shapes, dtypes and strides of the graph's
+                # first call, and the model is checked above (``_check_model``), so only the
+                # guards that tell this model's graphs apart need to run: a full evaluation
+                # costs up to a millisecond a call.
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    logits = self._compiled(ids, positions, where, cache)
+        except Exception as exc:  # any compiler failure leaves the eager path
+            if isinstance(exc, RecompileError):
+                raise
+            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            LOG.warning(
+                "flashspec: compiling %s failed (%s); it runs eager from now on",
+                self.name,
+                self.failed,
+            )
+            return self._eager(ids, positions, start, cache, capacity)
+        self.compiled_calls += 1
+        if first:
+            self.graphs.add(shape)
+            seconds = time.perf_counter() - began
+            self.compile_seconds += seconds
+            LOG.info(
+                "flashspec: compiled %s for %d row(s) x %d token(s), %d columns in %.1f s",
+                self.name,
+                *shape,
+                seconds,
+            )
+        elif _graph_count() != before:
+            self.recompiles += 1
+            message = (
+                f"flashspec: {self.name} was compiled again for {shape[0]} row(s) x "
+                f"{shape[1]} token(s), {shape[2]} columns after its first call"
+            )
+            if debug_recompiles():
+                raise RecompileError(message)
+            LOG.warning("%s (set FLASHSPEC_COMPILE_DEBUG=1 to see why)", message)
+        return logits
+
+    def _check_model(self) -> None:
+        """The graphs were compiled for the model's parameters as they were; a model moved to
+        another dtype or device after that needs new ones (a new engine)."""
+        weight = next(self.model.parameters())
+        seen = (weight.dtype, weight.device)
+        if self._weights is None:
+            self._weights = seen
+        elif seen != self._weights:
+            raise RuntimeError(
+                f"{self.name} moved from {self._weights[0]} on {self._weights[1]} to "
+                f"{seen[0]} on {seen[1]} after it was compiled; build a new engine for it"
+            )
+
+    def _eager(
+        self, ids: torch.Tensor, positions: torch.Tensor, start: int, cache: Any, capacity: int
+    ) -> torch.Tensor:
+        self.eager_calls += 1
+        if start + ids.shape[1] > capacity:
+            raise RuntimeError(
+                f"{self.name}: a forward of {ids.shape[1]} token(s) from column {start} does not "
+                f"fit a static cache of {capacity} columns"
+            )
+        where = torch.tensor(start, dtype=torch.int64, device=ids.device)
+        return self._step(ids, positions, where, cache)
+
+    def _step(
+        self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        for layer in cache.layers:
+            layer.cumulative_length.copy_(start)  # where this forward writes
+        capacity = cache.layers[0].max_cache_len
+        mask = causal_mask(start, ids.shape[1], capacity, ids.device)
+        mask = mask.expand(ids.shape[0], -1, -1, -1)
+        if self._additive:
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
+        kwargs: dict[str, Any] = {self.cache_arg: cache, "use_cache": True}
+        output = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
+        logits: torch.Tensor = output.logits
+        return logits
+
+
+def causal_mask(
+    start: torch.Tensor, count: int, capacity: int, device: torch.device
+) -> torch.Tensor:
+    """The (1, 1, count, capacity) boolean mask of a forward of ``count`` tokens written from
+    column ``start`` of a static cache: query i sees the columns up to its own. The columns
+    past it hold stale keys of earlier forwards; they stay hidden until written again."""
+    columns = torch.arange(capacity, device=device).unsqueeze(0)
+    query = (start + torch.arange(count, device=device)).unsqueeze(1)
+    return (columns <= query)[None, None]
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with the standard strides of its shape."""
+    return x.clone(memory_format=torch.contiguous_format)
