@@ -58,9 +58,14 @@ def test_compiled_greedy_equals_target_generate(drafter: str, gamma: int) -> Non
     engine = greedy_engine(drafter, gamma)
     assert engine.compiled.on, engine.compiled.reason
     kind = "loopy" if drafter == "lookup" else "plain"
+    compiling, before = 0.0, sum(p.compile_seconds for p in compiled_parts(engine))
     for prompt in PROMPTS:
         result = engine.generate(prompt, MAX_NEW)
         check_equal(kind, prompt, result.tokens[0])
+        compiling += result.stats.time_compile
+    # The generations' stats carry the compile time the models counted.
+    after = sum(p.compile_seconds for p in compiled_parts(engine))
+    assert compiling == pytest.approx(after - before)
     for part in compiled_parts(engine):
         assert part.failed is None, part.failed
         assert part.compiled_calls > 0, f"{part.name}: no compiled forward ran"
@@ -233,9 +238,11 @@ def test_warm_up_compiles_before_the_first_generation() -> None:
     )
     assert engine.warm_up() > 0
     parts = compiled_parts(engine)
+    assert all(part.compile_seconds > 0 for part in parts)
     before = [(set(part.graphs), part.compile_seconds) for part in parts]
     assert all(graphs for graphs, _ in before)
     result = engine.generate("def quicksort(arr):", MAX_NEW)
     check_equal("plain", "def quicksort(arr):", result.tokens[0])
     assert [(set(part.graphs), part.compile_seconds) for part in parts] == before
+    assert result.stats.time_compile == 0.0 and "time_compile" in result.stats.as_dict()
     assert all(part.compiled_calls > len(part.lengths) for part in parts)

@@ -140,6 +140,11 @@ class SpeculativeEngine:
                     drafter.lm.warm_up()
         return time.perf_counter() - began
 
+    def _compile_seconds(self) -> float:
+        """Seconds the compiled path has spent compiling, over the target and drafters."""
+        lms = [self.target, *(d.lm for d in self.drafters if d.lm is not None)]
+        return sum(lm.compiled.compile_seconds for lm in lms if lm.compiled is not None)
+
     def _compile(self, long_lived: bool) -> CompileDecision:
         """Resolve ``config.compile``, log it, and put the models on the compiled path if on:
         the drafters' one-token step and the target's verification of each draft length the
@@ -399,6 +404,7 @@ class SpeculativeEngine:
         # Caches live in the models, so an engine runs one generation at a time.
         owner = object()
         self._owner = owner
+        compiled_before = self._compile_seconds()
         self._reset(gen)
         self.policy.start(gen.sampling, ragged=gen.ragged)
         if self.batch_policy is not None:
@@ -427,6 +433,7 @@ class SpeculativeEngine:
             if chunks:
                 yield chunks
         gen.finished = True
+        gen.stats.time_compile = self._compile_seconds() - compiled_before
         return self._result(gen)
 
     def _round(self, gen: Generation) -> list[StreamChunk]:

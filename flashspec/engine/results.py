@@ -22,7 +22,9 @@ class GenerationStats:
     ``drafted``/``accepted`` count draft tokens over all rows; ``accepted`` counts drafts that
     were emitted. ``replays``/``replayed_tokens``/``time_replay``: a target with recurrent
     state restores its state and feeds the committed tokens again after a round that rejected
-    a draft (``time_replay`` is part of ``time_other``). Times are wall-clock seconds spent
+    a draft (``time_replay`` is part of ``time_other``). ``time_compile``: seconds of the
+    generation spent compiling on the compiled path (first calls of a shape, inside the draft
+    and verify times; 0 once warm). Times are wall-clock seconds spent
     inside rounds (on a GPU, without explicit synchronisation, asynchronous work is billed to
     the step that waits for it).
     """
@@ -40,6 +42,7 @@ class GenerationStats:
     replays: int = 0
     replayed_tokens: int = 0
     time_replay: float = 0.0
+    time_compile: float = 0.0
     arm_rounds: dict[str, int] = field(default_factory=dict)
 
     def count_round(self, arm: str, rows: int, drafted: int, emitted: int, accepted: int) -> None:
