@@ -489,25 +489,35 @@ def serve_section(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_lead(data: dict[str, Any], drafted: str) -> str:
+    """The opening of a model benchmark's paragraph: the pair, the machine and versions, the
+    run's load and length, and the HumanEval prompts it read (ends mid-sentence)."""
+    m, s, pair = data["machine"], data["settings"], data["pair"]
+    lengths = s["prompt_tokens"]
+    return (
+        f"**`{Path(pair['target']).name}`** drafted by {drafted} ({m['cpu']}, "
+        f"{m['cores']} cores, {m.get('torch_threads')} torch threads; torch {m['torch']}, "
+        f"transformers {m['transformers']}, Python {m['python']}; git {m['git_sha'][:10]}, "
+        f"{m['date']}; load average {m.get('loadavg_start')} at the start, "
+        f"{m.get('loadavg_end')} at the end; {data.get('wall_seconds')} s in all). The "
+        f"first {s['prompts']} HumanEval prompts (their last {s['max_prompt_tokens']} "
+        f"tokens at most: {min(lengths)} to {max(lengths)}), "
+    )
+
+
 def batch_section(runs: list[dict[str, Any]]) -> str:
     """``flashspec bench batch`` runs (``batch.json``, ``batch-*.json``): one table each."""
     from flashspec.bench.batch import table, target_lines
 
     lines: list[str] = []
     for data in runs:
-        m, s, pair = data["machine"], data["settings"], data["pair"]
+        s, pair = data["settings"], data["pair"]
         drafter = pair["drafter"]
         drafted = "prompt lookup" if drafter == "prompt_lookup" else f"`{Path(drafter).name}`"
-        lengths, passes = s["prompt_tokens"], s["repeats"]
+        passes = s["repeats"]
         lines += [
             *([""] if lines else []),
-            f"**`{Path(pair['target']).name}`** drafted by {drafted} ({m['cpu']}, "
-            f"{m['cores']} cores, {m.get('torch_threads')} torch threads; torch {m['torch']}, "
-            f"transformers {m['transformers']}, Python {m['python']}; git {m['git_sha'][:10]}, "
-            f"{m['date']}; load average {m.get('loadavg_start')} at the start, "
-            f"{m.get('loadavg_end')} at the end; {data.get('wall_seconds')} s in all). The "
-            f"first {s['prompts']} HumanEval prompts (their last {s['max_prompt_tokens']} "
-            f"tokens at most: {min(lengths)} to {max(lengths)}), cut into batches of B consecutive "
+            run_lead(data, drafted) + "cut into batches of B consecutive "
             f"prompts, left padded; {s['max_new_tokens']} new tokens per row, greedy, EOS "
             f"ignored; gamma = {s['gamma']}. At each B: fresh engines and a warm-up, then "
             f"{passes} pass{'' if passes == 1 else 'es'} over the prompts, the methods "
@@ -534,10 +544,10 @@ def compiled_section(runs: list[dict[str, Any]]) -> str:
 
     lines: list[str] = []
     for data in runs:
-        m, s, pair = data["machine"], data["settings"], data["pair"]
+        s, pair = data["settings"], data["pair"]
         drafter = pair["drafter"]
         drafted = "prompt lookup" if drafter == "prompt_lookup" else f"`{Path(drafter).name}`"
-        lengths, passes = s["prompt_tokens"], s["repeats"]
+        passes = s["repeats"]
         sampled = s["sampled"]
         modes = " and ".join(
             f"sampled (temperature {sampled['temperature']}, top-p {sampled['top_p']})"
@@ -555,13 +565,7 @@ def compiled_section(runs: list[dict[str, Any]]) -> str:
         )
         lines += [
             *([""] if lines else []),
-            f"**`{Path(pair['target']).name}`** drafted by {drafted} ({m['cpu']}, "
-            f"{m['cores']} cores, {m.get('torch_threads')} torch threads; torch {m['torch']}, "
-            f"transformers {m['transformers']}, Python {m['python']}; git {m['git_sha'][:10]}, "
-            f"{m['date']}; load average {m.get('loadavg_start')} at the start, "
-            f"{m.get('loadavg_end')} at the end; {data.get('wall_seconds')} s in all). The "
-            f"first {s['prompts']} HumanEval prompts (their last {s['max_prompt_tokens']} "
-            f"tokens at most: {min(lengths)} to {max(lengths)}), one at a time, "
+            run_lead(data, drafted) + "one at a time, "
             f"{s['max_new_tokens']} new tokens each, EOS ignored; {modes}; gamma = "
             f"{s['gamma']}; weights in {', '.join(s['dtypes'])}. HF `generate` with its dynamic "
             "cache, eager, is the reference of the greedy check; HF `generate` with "

@@ -43,14 +43,17 @@ def new_static_cache(model: torch.nn.Module, capacity: int) -> Any:
 def static_capacity(cache: Any) -> int | None:
     """The capacity of a ``StaticCache``-like cache (None for any other cache)."""
     layers = getattr(cache, "layers", None)
-    if not layers or not all(hasattr(layer, "max_cache_len") for layer in layers):
+    # Every layer of a StaticCache has the same capacity (it is built from one max_cache_len);
+    # the first tells, which keeps this check off the per-forward path's cost.
+    if not layers or not hasattr(layers[0], "max_cache_len"):
         return None
     return int(layers[0].max_cache_len)
 
 
 def initialized(cache: Any) -> bool:
-    """Whether every layer's buffers exist (after the first forward)."""
-    return all(bool(getattr(layer, "is_initialized", False)) for layer in cache.layers)
+    """Whether the layers' buffers exist (one forward makes every layer's, the last layer's
+    last)."""
+    return bool(getattr(cache.layers[-1], "is_initialized", False))
 
 
 def to_dynamic(cache: Any, width: int, model: torch.nn.Module) -> Any:
