@@ -44,6 +44,14 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def temperature(text: str) -> float:
     """A sampling temperature >= 0 (0 = greedy)."""
     value = finite_float(text)

@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import ipaddress
+import os
 import sys
 from typing import Any
 
 from .. import _argtypes
 from ..options import EngineOptions, UserError
 from .worker import BATCHING_MODES  # stdlib only: loads without FastAPI
+
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def port(text: str) -> int:
@@ -88,11 +91,38 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
         "(default: $FLASHSPEC_API_KEY; neither: no authentication)",
     )
+    replicas = serve.add_argument_group(
+        "replicas (Ray Serve; needs pip install 'flashspec[ray]')",
+        "Run the server as replicas behind one endpoint on Ray Serve: each replica holds its "
+        "own engine; Ray routes each request to the one with the shorter queue. Joins the Ray "
+        f"cluster at ${RAY_ADDRESS_ENV} if set, else starts a local one. Every answer names "
+        "its replica in the x-flashspec-replica header; /health and /metrics cover every "
+        "replica.",
+    )
+    replicas.add_argument(
+        "--replicas",
+        type=_argtypes.positive_int,
+        default=None,
+        help="replicas to run (default: none, one process without Ray)",
+    )
+    replicas.add_argument(
+        "--max-replicas",
+        type=_argtypes.positive_int,
+        default=None,
+        help="autoscale between --replicas and this many on queue length (default: fixed)",
+    )
+    replicas.add_argument(
+        "--replica-cpus",
+        type=_argtypes.positive_float,
+        default=1.0,
+        help="CPUs Ray reserves per replica; torch runs that many threads in each (1)",
+    )
     serve.set_defaults(func=cmd_serve)
     return serve
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (only this machine can connect)."""
     if host == "localhost":
         return True
     try:
@@ -114,13 +144,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .service import API_KEY_ENV, resolve_api_key
 
     api_key = resolve_api_key(args.api_key)
-    if not _loopback(args.host) and api_key is None:
+    if not loopback(args.host) and api_key is None:
         print(
             f"flashspec serve: warning: listening on {args.host} without an API key; anyone "
             f"who can reach it can use it (set --api-key or {API_KEY_ENV})",
             file=sys.stderr,
         )
     quiet_libraries()
+    if args.replicas is not None or args.max_replicas is not None:
+        return _serve_replicas(args, api_key)
     engine = EngineOptions.from_args(args).build(long_lived=True)
     if engine.compiled.on:
         print(
@@ -162,4 +194,58 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         # uvicorn shuts down gracefully on Ctrl-C, then re-raises it: the normal way to stop.
         print("flashspec serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _serve_replicas(args: argparse.Namespace, api_key: str | None) -> int:
+    """``flashspec serve --replicas N``: the app as replicas on Ray Serve, until interrupted."""
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("--replicas needs Ray Serve: pip install 'flashspec[ray]'")
+    from ..cluster.launch import Cluster
+    from ..cluster.settings import ClusterSettings
+
+    replicas = args.replicas or 1
+    if args.max_replicas is not None and args.max_replicas < replicas:
+        raise UserError(
+            f"--max-replicas {args.max_replicas} is below --replicas {replicas}; "
+            "autoscaling runs between the two"
+        )
+    settings = ClusterSettings(
+        engine=EngineOptions.from_args(args),
+        replicas=replicas,
+        max_replicas=args.max_replicas,
+        replica_cpus=args.replica_cpus,
+        model_name=args.model_name or args.target,
+        max_batch=args.max_batch,
+        batching=args.batching,
+        max_queue=args.max_queue,
+        timeout_s=args.timeout,
+        api_key=api_key,
+    )
+    cluster = Cluster(settings, host=args.host, port=args.port)
+    where = os.environ.get(RAY_ADDRESS_ENV) or "a local Ray head"
+    scaling = (
+        f"{replicas}..{args.max_replicas} replicas (autoscaling)"
+        if settings.autoscaling
+        else f"{replicas} replica(s)"
+    )
+    print(
+        f"flashspec serve: starting {scaling} on {where}; each builds its engine first",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        cluster.start()
+        print(
+            f"flashspec serve: {settings.model_name!r} on {cluster.url}/v1 ({scaling}, "
+            f"{args.replica_cpus:g} CPU each, max batch {args.max_batch}, API key "
+            f"{'on' if api_key else 'off'}); Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+        cluster.wait()
+    except KeyboardInterrupt:
+        print("flashspec serve: stopping the replicas", file=sys.stderr)
+    finally:
+        cluster.stop()
     return 0

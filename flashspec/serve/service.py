@@ -62,6 +62,72 @@ def prompt_char_limit(tokenizer: Any, max_context: int | None) -> int | None:
     return max_context * max(longest, 1) * slack - 1
 
 
+def authorize(request: Request, api_key: str | None) -> None:
+    """Raise 401 unless ``request`` carries ``api_key`` as a bearer token (None: no key)."""
+    if api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() == "bearer" and secrets.compare_digest(
+        key.strip().encode(), api_key.encode()
+    ):
+        return
+    raise ApiError(
+        401,
+        "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
+        f"key the server was started with (--api-key or {API_KEY_ENV})",
+        type="authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request body, refusing more than ``limit`` bytes (413) or a body that takes longer
+    than ``timeout_s`` to arrive (408).
+
+    Raises:
+        ApiError: 413, or 408 with ``Connection: close`` (nothing more will be read). After
+            a 413 the connection reads and drops the rest of the body, for as long as the
+            next request's header deadline allows, so that the client sees the answer.
+        ClientDisconnect: the client left before sending the whole body.
+    """
+    too_large = ApiError(
+        413,
+        f"the request body is larger than this server accepts ({limit} bytes)",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    size = 0
+    chunks: list[bytes] = []
+    while True:
+        try:
+            # The raw ASGI receive: Request.stream() has no deadline.
+            message = await asyncio.wait_for(request.receive(), deadline - loop.time())
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {timeout_s:g} s of its "
+                f"headers ({size} bytes came); send the whole body at once",
+                type="timeout_error",
+                code="body_timeout",
+                headers={"Connection": "close"},
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
 class Service:
     """Everything the routes share: the engine's facts, the worker, the metrics, the limits."""
 
@@ -114,68 +180,11 @@ class Service:
 
     def authorize(self, request: Request) -> None:
         """Raise 401 unless the request carries the API key (when one is set)."""
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() == "bearer" and secrets.compare_digest(
-            key.strip().encode(), self.api_key.encode()
-        ):
-            return
-        raise ApiError(
-            401,
-            "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
-            f"key the server was started with (--api-key or {API_KEY_ENV})",
-            type="authentication_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        authorize(request, self.api_key)
 
     async def read_body(self, request: Request) -> bytes:
-        """The request body, refusing more than ``max_body_bytes`` (413) or a body that takes
-        longer than ``body_timeout_s`` to arrive (408).
-
-        Raises:
-            ApiError: 413, or 408 with ``Connection: close`` (nothing more will be read). After
-                a 413 the connection reads and drops the rest of the body, for as long as the
-                next request's header deadline allows, so that the client sees the answer.
-            ClientDisconnect: the client left before sending the whole body.
-        """
-        limit = self.max_body_bytes
-        too_large = ApiError(
-            413,
-            f"the request body is larger than this server accepts ({limit} bytes)",
-            code="request_too_large",
-        )
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise too_large
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.body_timeout_s
-        size = 0
-        chunks: list[bytes] = []
-        while True:
-            try:
-                # The raw ASGI receive: Request.stream() has no deadline.
-                message = await asyncio.wait_for(request.receive(), deadline - loop.time())
-            except TimeoutError:
-                raise ApiError(
-                    408,
-                    f"the request body did not arrive within {self.body_timeout_s:g} s of its "
-                    f"headers ({size} bytes came); send the whole body at once",
-                    type="timeout_error",
-                    code="body_timeout",
-                    headers={"Connection": "close"},
-                ) from None
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnect
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        """The request body within this server's limits (see ``read_body``)."""
+        return await read_body(request, self.max_body_bytes, self.body_timeout_s)
 
     # -- the request's fields --------------------------------------------------------------
 
