@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +50,15 @@ MODES: dict[str, tuple[str, bool]] = {
 
 
 def one_request(
-    host: str, port: int, prompt: str, max_tokens: int, api_key: str | None
-) -> dict[str, float]:
-    """One streaming greedy completion; its latency, time to first token and token count."""
+    host: str,
+    port: int,
+    prompt: str,
+    max_tokens: int,
+    api_key: str | None,
+    headers: Sequence[str] = (),
+) -> dict[str, Any]:
+    """One streaming greedy completion; its latency, time to first token and token count, and
+    with ``headers`` also ``"headers"``: those response headers' values (None where absent)."""
     body = {
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -58,16 +66,18 @@ def one_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    headers = {"Content-Type": "application/json"}
+    sent = {"Content-Type": "application/json"}
     if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+        sent["Authorization"] = f"Bearer {api_key}"
     connection = http.client.HTTPConnection(host, port, timeout=600)
     start = time.perf_counter()
     first: float | None = None
     tokens = 0
+    seen: dict[str, str | None] = {}
     try:
-        connection.request("POST", "/v1/completions", json.dumps(body).encode(), headers)
+        connection.request("POST", "/v1/completions", json.dumps(body).encode(), sent)
         response = connection.getresponse()
+        seen = {name: response.getheader(name) for name in headers}
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
         for raw in response:
@@ -84,7 +94,14 @@ def one_request(
     finally:
         connection.close()
     end = time.perf_counter()
-    return {"latency": end - start, "ttft": (first or end) - start, "tokens": tokens}
+    result: dict[str, Any] = {
+        "latency": end - start,
+        "ttft": (first or end) - start,
+        "tokens": tokens,
+    }
+    if headers:
+        result["headers"] = seen
+    return result
 
 
 def run_level(
@@ -95,10 +112,13 @@ def run_level(
     prompts: list[str],
     max_tokens: list[int],
     api_key: str | None,
+    headers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``clients`` threads, each sending ``requests`` requests back to back; request k of client
-    i asks for ``max_tokens[(i + k) % len(max_tokens)]`` tokens."""
-    results: list[dict[str, float]] = []
+    i asks for ``max_tokens[(i + k) % len(max_tokens)]`` tokens. With ``headers``, the result
+    also counts each of those response headers' values over the answered requests that sent
+    it (``"headers_seen"``: {name: {value: requests}})."""
+    results: list[dict[str, Any]] = []
     errors: list[str] = []
     lock = threading.Lock()
 
@@ -107,7 +127,7 @@ def run_level(
             prompt = prompts[(index * requests + k) % len(prompts)]
             budget = max_tokens[(index + k) % len(max_tokens)]
             try:
-                got = one_request(host, port, prompt, budget, api_key)
+                got = one_request(host, port, prompt, budget, api_key, headers)
             except (OSError, RuntimeError) as exc:
                 with lock:
                     errors.append(str(exc))
@@ -137,7 +157,7 @@ def run_level(
             "mean": round(float(values.mean()), 4),
         }
 
-    return {
+    row: dict[str, Any] = {
         "clients": clients,
         "requests": len(results),
         "errors": errors[:5],
@@ -149,6 +169,12 @@ def run_level(
         "latency_s": summary(latency),
         "ttft_s": summary(ttft),
     }
+    if headers:
+        row["headers_seen"] = {
+            name: dict(Counter(r["headers"][name] for r in results if r["headers"][name]))
+            for name in headers
+        }
+    return row
 
 
 def run_server(

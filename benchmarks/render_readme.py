@@ -5,7 +5,8 @@
 The figures in the README and the docs are never typed by hand: this script renders them
 from the JSON that the benchmarks wrote (``flashspec bench
 kernel|engine|profile|regret|adaptive|recurrent|batch|compiled``, ``benchmarks/load_server.py``,
-``benchmarks/adaptive_headroom.py``), with the machine, versions and git sha recorded there.
+``benchmarks/load_replicas.py``, ``benchmarks/adaptive_headroom.py``), with the machine,
+versions and git sha recorded there.
 Each section goes between ``<!-- TAG:START -->`` and ``<!-- TAG:END -->`` in the page that
 ``PAGES`` names. Sections whose JSON is missing are left as they are.
 """
@@ -25,6 +26,7 @@ PAGES: dict[str, Path] = {
     "SUMMARY": README,
     "ENGINE-BENCH": DOCS / "benchmarks.md",
     "SERVE-LOAD": DOCS / "benchmarks.md",
+    "REPLICAS-BENCH": DOCS / "benchmarks.md",
     "BATCH-BENCH": DOCS / "benchmarks.md",
     "COMPILED-BENCH": DOCS / "benchmarks.md",
     "KERNEL-BENCH": DOCS / "kernel.md",
@@ -40,6 +42,7 @@ PROFILE_JSON = RESULTS / "profile.json"
 REGRET_JSON = RESULTS / "regret.json"
 ADAPTIVE_JSON = RESULTS / "adaptive.json"
 SERVE_JSON = RESULTS / "serve_load.json"
+REPLICAS_JSON = RESULTS / "replicas.json"
 RECURRENT_JSON = RESULTS / "recurrent.json"
 SMOLLM2_JSON = RESULTS / "smollm2.json"
 SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
@@ -489,6 +492,60 @@ def serve_section(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def replicas_section(data: dict[str, Any]) -> str:
+    """``benchmarks/load_replicas.py``: the single-process server against replicas on Ray
+    Serve, one row per mode (medians over the rounds)."""
+    s, m = data["settings"], data["machine"]
+    rounds = s["repeats"]
+    order = (
+        f"each mode once, in the order {', '.join(s['modes'])}"
+        if rounds == 1
+        else f"{rounds} rounds of every mode, the order rotating from round to round; medians "
+        "over the rounds"
+    )
+    requests = f"{s['requests']} streaming greedy request{'' if s['requests'] == 1 else 's'}"
+    lines = [
+        f"`{s['command']}` ({m['cpu']}, {m['cores']} cores; Python {m['python']}, torch "
+        f"{m.get('torch')}, Ray {m.get('ray')}; git {m['git_sha'][:10]}, {m['date']}; load "
+        f"average {m.get('loadavg_start')} at the start, {m.get('loadavg_end')} at the end): "
+        f"the `{s['target']}` engine (`--compile {s['compile']}`), {s['clients']} concurrent "
+        f"clients, each sending {requests} of "
+        f"{_serve_budget(s['max_tokens'])} new tokens (HumanEval prompts) one after another; "
+        f"continuous batching, `--max-batch {s['max_batch']}` in every engine. process = one "
+        f"`flashspec serve` process, torch on {s['process_threads']} threads; replicas-N = "
+        f"`flashspec serve --replicas N --replica-cpus {s['replica_cpus']:g}` on a local Ray "
+        "head started for the mode (one torch thread per CPU). The clients are threads of the "
+        "benchmark's process (in the process mode, the server's own); in the replicas modes "
+        "they share the cores with Ray's proxy, ingress and replicas. Each mode's server is "
+        "started, warmed up with a few short requests, loaded, and stopped before the next "
+        f"starts; {order}. Startup: seconds from nothing to ready (for the replicas, Ray's "
+        "start included). Replicas answering: distinct `x-flashspec-replica` values in the "
+        "answers. Ratios: tokens/s over the process mode's and replicas-1's.",
+        "",
+        "| mode | replicas answering | startup (s) | tokens/s | vs process | vs replicas-1 "
+        "| requests/s | latency p50 / p90 / p99 (s) | TTFT p50 / p99 (s) | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def ratio(value: float | None) -> str:
+        return f"{value:.2f}x" if value is not None else ""
+
+    def seconds(summary: dict[str, float], *names: str) -> str:
+        # A mode whose every request failed has no percentiles.
+        return " / ".join(f"{summary[n]:.2f}" if n in summary else "—" for n in names)
+
+    for r in data["modes"]:
+        answering = str(len(r["replicas_seen"])) if r["replicas"] else "(one process)"
+        lines.append(
+            f"| {r['mode']} | {answering} | {r['startup_s']:.1f} | {r['tokens_per_s']:.1f} | "
+            f"{'' if r['mode'] == 'process' else ratio(r.get('vs_process'))} | "
+            f"{'' if r['mode'] == 'replicas-1' else ratio(r.get('vs_replicas_1'))} | "
+            f"{r['requests_per_s']:.2f} | {seconds(r['latency_s'], 'p50', 'p90', 'p99')} | "
+            f"{seconds(r['ttft_s'], 'p50', 'p99')} | {r['error_count']} |"
+        )
+    return "\n".join(lines)
+
+
 def run_lead(data: dict[str, Any], drafted: str) -> str:
     """The opening of a model benchmark's paragraph: the pair, the machine and versions, the
     run's load and length, and the HumanEval prompts it read (ends mid-sentence)."""
@@ -743,6 +800,8 @@ def sections() -> dict[str, str]:
         if mixed.exists():
             serve += ["", "Mixed request lengths:", "", serve_section(_load(mixed))]
         bodies["SERVE-LOAD"] = "\n".join(serve)
+    if REPLICAS_JSON.exists():
+        bodies["REPLICAS-BENCH"] = replicas_section(_load(REPLICAS_JSON))
     batch_runs = [BATCH_JSON] if BATCH_JSON.exists() else []
     batch_runs += sorted(RESULTS.glob("batch-*.json"))
     if batch_runs:

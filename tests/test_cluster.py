@@ -187,6 +187,31 @@ def test_errors_from_a_replica_keep_openai_shape(cluster: Cluster) -> None:
     assert_error(answer, 400, param="max_tokens")
 
 
+def cancelled_running(cluster: Cluster) -> float:
+    """Rows cancelled mid-generation because their client left, over every replica."""
+    text = request(cluster, "GET", "/metrics", headers=AUTH)[2]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("flashspec_cancelled_total{")
+        and 'reason="disconnect"' in line
+        and 'stage="running"' in line
+    )
+
+
+def test_a_client_that_leaves_frees_its_row(cluster: Cluster) -> None:
+    """Leaving mid-stream reaches the replica through the proxy and the ingress: the row is
+    cancelled there, as in one process."""
+    before = cancelled_running(cluster)
+    connection, response = open_stream(cluster, body(PROMPTS[1], 400), AUTH)
+    for line in response:
+        if line.startswith(b"data: ") and b'"text"' in line:
+            break  # generating
+    response.close()
+    connection.close()
+    assert wait_for(lambda: cancelled_running(cluster) >= before + 1, 30.0)
+
+
 def ingress_counts(cluster: Cluster) -> dict[str, float]:
     """The ingress's retries and failures so far (by reason)."""
     text = request(cluster, "GET", "/metrics", headers=AUTH)[2]
@@ -288,6 +313,20 @@ def test_settings_refuse_bad_values_by_name() -> None:
         "max_replicas": 3,
         "target_ongoing_requests": 8.0,
     }
+
+
+def test_deployment_options_follow_the_settings() -> None:
+    from flashspec.cluster.app import replica_options
+
+    fixed = replica_options(ClusterSettings(replicas=2, replica_cpus=1.5, max_batch=6))
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 1.5}
+    assert fixed["max_ongoing_requests"] == 6  # a batch's worth; the rest wait in Ray's queue
+    scaled = replica_options(ClusterSettings(replicas=1, max_replicas=4, target_ongoing=3))
+    assert "num_replicas" not in scaled
+    assert scaled["autoscaling_config"]["max_replicas"] == 4
+    assert scaled["autoscaling_config"]["target_ongoing_requests"] == 3
+    assert ClusterSettings(replicas=2, max_replicas=2).autoscaling is None
 
 
 def test_a_local_head_too_small_is_refused_before_starting() -> None:

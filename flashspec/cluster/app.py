@@ -7,11 +7,13 @@ same for Ray Serve's own tools (``serve run flashspec.cluster.app:build target=s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ray import serve
 from ray.serve import Application
 
+from ..serve.service import resolve_api_key
 from .ingress import Ingress, deployment_options
 from .replica import EngineReplica
 from .settings import ClusterSettings
@@ -50,9 +52,14 @@ def application(settings: ClusterSettings) -> Application:
 
 def build(args: dict[str, Any]) -> Application:
     """Ray Serve's application builder: ``args`` are ``ClusterSettings``' and the engine's
-    fields, flat (``{"target": "smollm2", "replicas": 2}``).
+    fields, flat (``{"target": "smollm2", "replicas": 2}``). Without ``api_key`` in ``args``,
+    ``$FLASHSPEC_API_KEY`` (where the application is built) gives the key, so that it can come
+    from a secret rather than the config file.
 
     Raises:
         UserError: an unknown or bad setting, naming it.
     """
-    return application(ClusterSettings.from_dict(dict(args)))
+    settings = ClusterSettings.from_dict(dict(args))
+    if settings.api_key is None:
+        settings = dataclasses.replace(settings, api_key=resolve_api_key(None))
+    return application(settings)

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import ray
+import ray.exceptions
 from ray import serve
 
 from ..options import UserError
@@ -97,7 +98,16 @@ class Cluster:
         """
         if not ray.is_initialized():
             if self.address:
-                ray.init(address=self.address, log_to_driver=self.log_to_driver)
+                try:
+                    ray.init(address=self.address, log_to_driver=self.log_to_driver)
+                except (ConnectionError, RuntimeError, ray.exceptions.RayError) as exc:
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    raise UserError(
+                        f"{RAY_ADDRESS_ENV}={self.address}: cannot join the Ray cluster there "
+                        f"({type(exc).__name__}: {reason[:300]}); check the address (and, for "
+                        "a cluster with token authentication, RAY_AUTH_MODE=token and its "
+                        f"token), or unset {RAY_ADDRESS_ENV} to start a local Ray head"
+                    ) from None
             else:
                 cpus = self.num_cpus or os.cpu_count() or 1
                 check_fits(self.settings, cpus)
@@ -130,6 +140,8 @@ class Cluster:
 
     def stop(self) -> None:
         """Delete the application, its board, and Ray itself if ``start`` started it."""
+        if not ray.is_initialized():  # start failed before Ray came up: nothing to take down
+            return
         with contextlib.suppress(Exception):
             serve.delete(self.settings.app_name)
         with contextlib.suppress(Exception):

@@ -8,12 +8,48 @@ replica read the same copy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..options import EngineOptions, UserError
 from ..serve.worker import BATCHING_MODES
 
 DEFAULT_APP_NAME = "flashspec"
+# How text spells a boolean in ``serve run key=value`` arguments.
+TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
+FALSE_WORDS = frozenset({"false", "no", "off", "0"})
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """``value`` as field ``name``'s type, where it came as text (``serve run key=value``
+    passes every value as a string).
+
+    Raises:
+        UserError: text that is not a value of that type, naming the field.
+    """
+    if not isinstance(value, str):
+        return value
+    options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    if type(None) in options and value.strip().lower() in ("none", "null", ""):
+        return None
+    for kind in options:
+        if kind is str:
+            return value
+    for kind in options:
+        try:
+            if kind is bool:
+                word = value.strip().lower()
+                if word in TRUE_WORDS:
+                    return True
+                if word in FALSE_WORDS:
+                    return False
+                raise ValueError(value)
+            if kind in (int, float):
+                return kind(value)
+        except ValueError:
+            continue
+    spelled = getattr(hint, "__name__", None) or str(hint)
+    raise UserError(f"{name}: cannot read {value!r} as {spelled}")
 
 
 @dataclass(frozen=True)
@@ -95,9 +131,12 @@ class ClusterSettings:
     @classmethod
     def from_dict(cls, args: dict[str, Any]) -> ClusterSettings:
         """Settings from a Ray Serve config's ``args`` (engine flags and these fields, flat).
+        Values may come as text (``serve run ... replicas=2``): each is read as its field's
+        type.
 
         Raises:
-            UserError: an unknown key, naming it and the known ones.
+            UserError: an unknown key (naming it and the known ones), or text that is not a
+                value of its field's type.
         """
         engine_names = {f.name for f in fields(EngineOptions)}
         own_names = {f.name for f in fields(cls)} - {"engine"}
@@ -107,6 +146,10 @@ class ClusterSettings:
                 f"unknown setting(s) {', '.join(unknown)}; known: "
                 f"{', '.join(sorted(engine_names | own_names))}"
             )
-        engine = EngineOptions(**{k: v for k, v in args.items() if k in engine_names})
-        own = {k: v for k, v in args.items() if k in own_names}
+        engine_hints = get_type_hints(EngineOptions)
+        own_hints = get_type_hints(cls)
+        engine = EngineOptions(
+            **{k: _coerce(k, v, engine_hints[k]) for k, v in args.items() if k in engine_names}
+        )
+        own = {k: _coerce(k, v, own_hints[k]) for k, v in args.items() if k in own_names}
         return cls(engine=engine, **own)
