@@ -520,7 +520,8 @@ def replicas_section(data: dict[str, Any]) -> str:
         "started, warmed up with a few short requests, loaded, and stopped before the next "
         f"starts; {order}. Startup: seconds from nothing to ready (for the replicas, Ray's "
         "start included). Replicas answering: distinct `x-flashspec-replica` values in the "
-        "answers. Ratios: tokens/s over the process mode's and replicas-1's.",
+        "answers of a round (the fewest over the rounds). Ratios: tokens/s over the process "
+        "mode's and replicas-1's.",
         "",
         "| mode | replicas answering | startup (s) | tokens/s | vs process | vs replicas-1 "
         "| requests/s | latency p50 / p90 / p99 (s) | TTFT p50 / p99 (s) | errors |",
@@ -534,10 +535,17 @@ def replicas_section(data: dict[str, Any]) -> str:
         # A mode whose every request failed has no percentiles.
         return " / ".join(f"{summary[n]:.2f}" if n in summary else "—" for n in names)
 
+    def answering(mode: dict[str, Any]) -> str:
+        if not mode["replicas"]:
+            return "(one process)"
+        # Every round starts new replicas with new ids: count them round by round.
+        rounds = [run for run in data.get("runs", []) if run["mode"] == mode["mode"]]
+        counts = [len(run["replicas_seen"]) for run in rounds] or [len(mode["replicas_seen"])]
+        return str(min(counts))
+
     for r in data["modes"]:
-        answering = str(len(r["replicas_seen"])) if r["replicas"] else "(one process)"
         lines.append(
-            f"| {r['mode']} | {answering} | {r['startup_s']:.1f} | {r['tokens_per_s']:.1f} | "
+            f"| {r['mode']} | {answering(r)} | {r['startup_s']:.1f} | {r['tokens_per_s']:.1f} | "
             f"{'' if r['mode'] == 'process' else ratio(r.get('vs_process'))} | "
             f"{'' if r['mode'] == 'replicas-1' else ratio(r.get('vs_replicas_1'))} | "
             f"{r['requests_per_s']:.2f} | {seconds(r['latency_s'], 'p50', 'p90', 'p99')} | "
