@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +123,17 @@ def metric_lines(
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
+
+
+def interrupt(process: Any, timeout: float) -> int:
+    """Ctrl-C a server subprocess and return its exit code (killed, and the wait's error
+    raised, if it does not exit within ``timeout`` seconds)."""
+    process.send_signal(signal.SIGINT)
+    try:
+        return int(process.wait(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from server_helpers import interrupt
 
 from flashspec.cli import main
 from flashspec.serve import run as serve_run
@@ -128,12 +128,7 @@ def test_serve_replicas_end_to_end() -> None:
         assert status == 200 and replica in health["replicas"], answer
         assert answer["choices"][0]["text"]
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            rc = process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
+        rc = interrupt(process, 90)
     reader.join(10)
     assert rc == 0, "".join(lines)[-3000:]
     assert "stopping the replicas" in "".join(lines)

@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ pytest.importorskip("openai")
 
 import openai
 import server_helpers
-from server_helpers import assert_error, request, wait_for
+from server_helpers import assert_error, interrupt, request, wait_for
 
 from flashspec import SpeculativeEngine
 from flashspec.serve import FALLBACK_CHAT_STOP, ServerThread, StopTrimmer, create_app
@@ -543,12 +542,7 @@ def test_cli_serve_end_to_end() -> None:
         done = client.completions.create(model="demo", prompt="import os", max_tokens=4)
         assert done.usage.completion_tokens >= 1
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
+        code = interrupt(process, 30)
     assert code == 0
 
 
