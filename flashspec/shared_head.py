@@ -1,0 +1,204 @@
+"""Draft models that share the target's token embedding and LM head, drafting over a subset of
+the vocabulary.
+
+A draft of this kind owns only its transformer layers and final norm (a few MB); its input
+embedding is the target's own module and its head the target's output rows for ``ids``, the
+tokens it may propose (FR-Spec, 2025: the most frequent tokens of the target's own outputs).
+Outside ``ids`` its logits are ``-inf``, so its distribution q is exactly zero there: the
+rejection step stays exact, since the residual ``max(0, p - q)`` covers every token the draft
+cannot propose, and greedy drafting picks the best token inside the subset.
+
+``build_shared_head_draft`` makes one (random layers, for training); ``save_shared_head_draft``
+writes only what it owns; ``load_shared_head_draft`` attaches a saved one to a target. The
+result is a HuggingFace causal LM: ``ModelDrafter`` drafts with it like any other.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_FILE = "shared_head_draft.json"
+WEIGHTS_FILE = "layers.safetensors"
+FORMAT = "flashspec-shared-head-draft/1"
+# What the draft takes from the target and so never saves.
+SHARED_PREFIXES = ("model.embed_tokens.", "lm_head.")
+
+
+class SubsetHead(torch.nn.Module):
+    """The target's LM head restricted to ``ids``: full-width logits, ``-inf`` elsewhere.
+
+    Args:
+        weight: the target's output embedding (vocab x hidden); rows ``ids`` are copied once.
+        ids: the token ids the draft may propose (distinct, in range).
+        vocab_size: the logits' width (the target's).
+    """
+
+    def __init__(self, weight: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        ids = torch.as_tensor(ids, dtype=torch.long, device=weight.device).flatten()
+        if ids.numel() == 0:
+            raise ValueError("ids: a shared-head draft needs at least one token id")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(f"ids: every token id must be in [0, {vocab_size}), got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")  # fmt: skip
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("ids: token ids must be distinct")
+        self.vocab_size = vocab_size
+        self.register_buffer("ids", ids, persistent=False)
+        # A buffer, not a parameter: the rows are the target's, trained with it, not here.
+        self.register_buffer("rows", weight.detach()[ids].clone(), persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the whole vocabulary: the subset's scores, ``-inf`` elsewhere."""
+        rows = self.get_buffer("rows")
+        ids = self.get_buffer("ids")
+        scores = hidden @ rows.to(hidden.dtype).T
+        logits = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
+        logits[..., ids] = scores
+        return logits
+
+
+def _target_parts(target: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor, Any]:
+    embed = target.get_input_embeddings()  # type: ignore[operator]
+    head = target.get_output_embeddings()  # type: ignore[operator]
+    weight = getattr(head, "weight", None)
+    if not isinstance(embed, torch.nn.Embedding) or not isinstance(weight, torch.Tensor):
+        raise ValueError(
+            f"target {type(target).__name__}: a shared-head draft needs a token embedding and "
+            "a linear LM head (get_input_embeddings / get_output_embeddings)"
+        )
+    config: Any = target.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return embed, weight, text
+
+
+class _Defaults:
+    """A config read attribute by attribute, None where it has none."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name, None)
+
+
+def build_shared_head_draft(
+    target: torch.nn.Module,
+    ids: torch.Tensor | list[int],
+    *,
+    layers: int = 1,
+    intermediate_size: int | None = None,
+) -> torch.nn.Module:
+    """A new draft for ``target``: ``layers`` Llama decoder layers of the target's width on the
+    target's embedding, and its head over ``ids``. The layers start random (train them).
+
+    Raises:
+        ValueError: the target has no embedding/linear head, or ``ids`` are bad.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, weight, text = _target_parts(target)
+    text = _Defaults(text)
+    vocab = int(weight.shape[0])
+    hidden = int(weight.shape[1])
+    heads = int(text.num_attention_heads or max(1, hidden // 64))
+    settings: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(intermediate_size or text.intermediate_size or 4 * hidden),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(text.num_key_value_heads or heads),
+        "head_dim": int(text.head_dim or hidden // heads),
+        "max_position_embeddings": int(text.max_position_embeddings or 2048),
+        "rms_norm_eps": float(text.rms_norm_eps or 1e-5),
+        "tie_word_embeddings": False,
+        "bos_token_id": text.bos_token_id,
+        "eos_token_id": text.eos_token_id,
+        "pad_token_id": text.pad_token_id,
+    }
+    # The draft's positions rotate as the target's do (transformers 5 keeps RoPE settings in
+    # rope_parameters).
+    rope = text.rope_parameters
+    if isinstance(rope, dict) and rope:
+        settings["rope_parameters"] = dict(rope)
+    config: Any = LlamaConfig(**settings)
+    config._attn_implementation = "sdpa"
+    draft: Any = LlamaForCausalLM(config)
+    draft = draft.to(device=weight.device, dtype=weight.dtype)
+    attach(draft, target, ids)
+    built: torch.nn.Module = draft
+    return built
+
+
+def attach(draft: torch.nn.Module, target: torch.nn.Module, ids: torch.Tensor | list[int]) -> None:
+    """Make ``draft`` use ``target``'s embedding module and its head rows for ``ids``."""
+    embed, weight, _ = _target_parts(target)
+    draft.model.embed_tokens = embed  # type: ignore[union-attr]
+    draft.lm_head = SubsetHead(weight, torch.as_tensor(ids), int(weight.shape[0]))
+
+
+def own_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The draft's own tensors: its layers and norm (what training changes and saving keeps)."""
+    return {
+        name: tensor
+        for name, tensor in draft.state_dict().items()
+        if not name.startswith(SHARED_PREFIXES)
+    }
+
+
+def save_shared_head_draft(draft: torch.nn.Module, directory: str | Path) -> Path:
+    """Write ``draft``'s own layers (float16), its config and its token ids to ``directory``."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_state(draft).items()}
+    save_file(tensors, str(out / WEIGHTS_FILE))
+    model: Any = draft
+    ids = model.lm_head.ids
+    meta = {
+        "format": FORMAT,
+        "config": model.config.to_dict(),
+        "ids": [int(i) for i in ids.tolist()],
+    }
+    (out / CONFIG_FILE).write_text(json.dumps(meta))
+    return out
+
+
+def load_shared_head_draft(directory: str | Path, target: torch.nn.Module) -> torch.nn.Module:
+    """The draft saved in ``directory``, attached to ``target`` (its device and dtype).
+
+    Raises:
+        ValueError: not a shared-head draft, or one made for another width or vocabulary.
+    """
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(directory)
+    meta = json.loads((folder / CONFIG_FILE).read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder}: not a flashspec shared-head draft ({meta.get('format')!r})")
+    config: Any = LlamaConfig.from_dict(meta["config"])
+    config._attn_implementation = "sdpa"
+    _, weight, _ = _target_parts(target)
+    if (config.vocab_size, config.hidden_size) != tuple(weight.shape):
+        raise ValueError(
+            f"{folder}: made for a vocabulary of {config.vocab_size} and width "
+            f"{config.hidden_size}, but the target's head is {tuple(weight.shape)}"
+        )
+    draft: Any = LlamaForCausalLM(config)
+    state = load_file(str(folder / WEIGHTS_FILE))
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    lost = [k for k in missing if not k.startswith(SHARED_PREFIXES)]
+    if lost or unexpected:
+        raise ValueError(f"{folder}: weights do not match the config (missing {lost}, "
+                         f"unexpected {unexpected})")  # fmt: skip
+    draft = draft.to(device=weight.device, dtype=weight.dtype).eval()
+    attach(draft, target, meta["ids"])
+    loaded: torch.nn.Module = draft
+    return loaded
