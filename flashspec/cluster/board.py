@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..serve.metrics import escape_label
+
 REPORT_EVERY_S = 1.0
 STALE_S = 5.0
 
@@ -35,13 +37,9 @@ class Report:
     at: float = 0.0
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def labelled(line: str, replica: str) -> str:
     """A sample line with ``replica="<replica>"`` as its first label."""
-    label = f'replica="{_escape(replica)}"'
+    label = f'replica="{escape_label(replica)}"'
     name_end = len(line)
     for i, char in enumerate(line):
         if char in "{ ":

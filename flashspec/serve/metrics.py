@@ -17,7 +17,8 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
-def _escape(value: str) -> str:
+def escape_label(value: str) -> str:
+    """A label value as the exposition format quotes it (backslash, newline, double quote)."""
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -33,7 +34,7 @@ def _label_text(labels: Labels, extra: Labels = ()) -> str:
     pairs = (*labels, *extra)
     if not pairs:
         return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs) + "}"
 
 
 @dataclass
