@@ -34,6 +34,7 @@ PAGES: dict[str, Path] = {
     "DEMO-CARD": DOCS / "demo-pair.md",
     "RECURRENT-BENCH": DOCS / "models.md",
     "SMOLLM2": DOCS / "models.md",
+    "SMOLLM2-DRAFT": DOCS / "models.md",
 }
 RESULTS = ROOT / "benchmarks" / "results"
 KERNEL_JSON = RESULTS / "kernel.json"
@@ -47,6 +48,7 @@ RECURRENT_JSON = RESULTS / "recurrent.json"
 SMOLLM2_JSON = RESULTS / "smollm2.json"
 SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
 SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
+SMOLLM2_DRAFT_JSON = RESULTS / "smollm2-draft.json"
 # flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
 BATCH_JSON = RESULTS / "batch.json"
 # flashspec bench compiled: the demo pair, then other targets (compiled-smollm2.json, ...).
@@ -790,6 +792,66 @@ def smollm2_section(
     return "\n".join(lines)
 
 
+def smollm2_draft_section(data: dict[str, Any]) -> str:
+    """``benchmarks/smollm2_draft.py``: the shipped SmolLM2 draft against HF and llama.cpp,
+    one table per workload, and what its card says of its training."""
+    m, s, card = data["machine"], data["settings"], data.get("draft_card") or {}
+    lines = [
+        f"`python benchmarks/smollm2_draft.py` ({m['cpu']}, {m['cores']} cores, "
+        f"{m.get('torch_threads')} torch threads; torch {m['torch']}, transformers "
+        f"{m['transformers']}, Python {m['python']}; git {m['git_sha'][:10]}, {m['date']}; load "
+        f"average {m.get('loadavg_start')} at the start, {m.get('loadavg_end')} at the end; "
+        f"{data.get('wall_seconds')} s in all): held-out chat requests, up to "
+        f"{s['max_new_tokens']} new tokens, every method stopping at the end of turn, run one "
+        "after another per prompt in a rotating order. Speedup: the median over prompts of the "
+        "tokens/s ratio to HF `generate` of the same dtype and decoding (sampled rows: "
+        f"temperature {s['sampling']['temperature']}, top-p {s['sampling']['top_p']}; their "
+        "answers differ from HF's, their distribution is the target's). Identity: greedy "
+        "tokens against HF greedy of the same dtype (a tie within the dtype's rounding counts "
+        "as equal). " + " ".join(f"{k}: {v}." for k, v in s.get("notes", {}).items()),
+    ]
+    for workload, rows in data["summary"].items():
+        lines += [
+            "",
+            f"**{workload}** ({next(iter(rows.values()))['prompts']} prompts)",
+            "",
+            "| method | tokens/s (median) | speedup (median) | vs | acceptance | tokens/round "
+            "| identity |",
+            "|---|---:|---:|---|---:|---:|---|",
+        ]
+        for name, row in rows.items():
+            ident = row.get("identity")
+            identity = ", ".join(f"{v} {k}" for k, v in ident.items() if v) if ident else ""
+            accept = row.get("acceptance_rate")
+            per_round = row.get("tokens_per_round")
+            lines.append(
+                f"| {name} | {row['tokens_per_second_median']:.1f} | "
+                f"{row['speedup_median']:.2f}x | {row['baseline']} | "
+                f"{'' if accept is None else f'{accept:.2f}'} | "
+                f"{'' if per_round is None else f'{per_round:.2f}'} | {identity} |"
+            )
+    if card:
+        held, chat, costs = card["held_out"], card.get("held_out_chat") or {}, card["costs"]
+
+        def steps(result: dict[str, Any]) -> str:
+            later = sorted(k for k in result if k.startswith("greedy_agreement_step"))
+            keys = ["greedy_agreement", *later]
+            return " / ".join(f"{result[k]:.3f}" for k in keys if k in result)
+
+        lines += [
+            "",
+            f"The draft's card (`flashspec/drafts/smollm2/card.json`): {card['layers']} layer, "
+            f"reads {card['reads']}, {card['subset_tokens']} tokens; {card['steps']} steps in "
+            f"{card['wall_s'] / 60:.0f} min ({card['dtype']}), "
+            f"{card['data']['tokens_seen']:,} tokens seen. Held-out greedy agreement with the "
+            f"target, teacher-forced, drafts 1 / 2 / 3: code {steps(held)}"
+            + (f", chat {steps(chat)}" if chat else "")
+            + f". One draft step costs {costs['draft_over_target']:.3f} of a target step "
+            f"({costs['draft_step_ms']:.1f} ms against {costs['target_step_ms']:.1f} ms).",
+        ]
+    return "\n".join(lines)
+
+
 def _load(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -838,6 +900,8 @@ def sections() -> dict[str, str]:
         profile = _load(SMOLLM2_PROFILE_JSON) if SMOLLM2_PROFILE_JSON.exists() else None
         sweep = _load(SMOLLM2_SWEEP_JSON) if SMOLLM2_SWEEP_JSON.exists() else None
         bodies["SMOLLM2"] = smollm2_section(_load(SMOLLM2_JSON), profile, sweep)
+    if SMOLLM2_DRAFT_JSON.exists():
+        bodies["SMOLLM2-DRAFT"] = smollm2_draft_section(_load(SMOLLM2_DRAFT_JSON))
     return bodies
 
 

@@ -377,6 +377,14 @@ def info() -> dict[str, Any]:
         path = model.locate()
         named[name] = str(path) if path is not None else f"not installed ({model.install})"
     report["named_models"] = named
+    from .loading import bundled_draft
+
+    shipped: dict[str, Any] = {}
+    for name in NAMED_MODELS:
+        folder = bundled_draft(name)
+        if folder is not None:
+            shipped[name] = str(folder)
+    report["shipped_drafts"] = shipped
     report["gguf"] = {
         "support": all(_version_of(p) != "not installed" for p in ("gguf", "accelerate")),
         "cache": str(cache_dir() / "gguf"),

@@ -18,7 +18,7 @@ import torch
 
 from ._validate import is_int
 from .config import ResidualBackend
-from .models import CausalLM, Padding, load_pretrained, place_model
+from .models import CausalLM, Padding, TargetModel, load_pretrained, place_model
 from .sampling import Warper, draft_sample
 
 PROMPT_LOOKUP_NAMES = ("prompt_lookup", "prompt-lookup", "ngram")
@@ -81,6 +81,10 @@ class Drafter(ABC):
 
     def reset(self) -> None:  # noqa: B027 - optional hook, stateless drafters keep the default
         """Forget the previous generation."""
+
+    def bind(self, target: TargetModel) -> None:  # noqa: B027 - optional hook
+        """The engine's target, given once when the engine is built (a drafter that reads the
+        target's hidden states asks it to keep them here)."""
 
     @abstractmethod
     def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
@@ -160,7 +164,6 @@ class ModelDrafter(Drafter):
             gamma = min(gamma, lm.max_context - (length - ctx.padding.max_left) + 1)
         if gamma <= 0:
             return _no_drafts(ctx.tokens)
-        threshold = ctx.confidence_threshold
         last: torch.Tensor | None = None  # the previous draft, fed after the committed tokens
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
@@ -170,20 +173,8 @@ class ModelDrafter(Drafter):
                 # column, so commit() returns to the accepted one without feeding anything again.
                 lm.mark()
             logits = lm.feed(ctx.tokens, ctx.padding, last, keep=1)[:, -1]
-            if ctx.warper.greedy:
-                token = logits.max(dim=-1).indices
-                probs = logits.float().softmax(dim=-1) if threshold is not None else None
-            else:
-                probs = ctx.warper.probs(logits)
-                token = draft_sample(probs, ctx.generator, ctx.residual)
-                dists.append(probs)
-            drafts.append(token)
-            if (
-                i + 1 < gamma
-                and threshold is not None
-                and probs is not None
-                and _unsure(probs, threshold)
-            ):
+            token, unsure = pick_draft(logits, ctx, drafts, dists)
+            if i + 1 < gamma and unsure:
                 break
             last = token.unsqueeze(1)
         return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
@@ -222,6 +213,28 @@ class ModelDrafter(Drafter):
     def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
         """Read the joining rows into the cache (see ``CausalLM.add_rows``)."""
         self._lm.add_rows(tokens, padding)
+
+
+def pick_draft(
+    logits: torch.Tensor,
+    ctx: DraftContext,
+    drafts: list[torch.Tensor],
+    dists: list[torch.Tensor],
+) -> tuple[torch.Tensor, bool]:
+    """A model drafter's next draft per row from its (B, V) ``logits``: the argmax when
+    greedy, else a sample of the warped distribution (appended to ``dists``, for
+    verification). The draft is appended to ``drafts``; the flag says whether the confidence
+    stop (``ctx.confidence_threshold``) asks to draft no further."""
+    threshold = ctx.confidence_threshold
+    if ctx.warper.greedy:
+        token = logits.max(dim=-1).indices
+        probs = logits.float().softmax(dim=-1) if threshold is not None else None
+    else:
+        probs = ctx.warper.probs(logits)
+        token = draft_sample(probs, ctx.generator, ctx.residual)
+        dists.append(probs)
+    drafts.append(token)
+    return token, threshold is not None and probs is not None and _unsure(probs, threshold)
 
 
 def _unsure(probs: torch.Tensor, threshold: float) -> bool:

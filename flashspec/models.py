@@ -29,6 +29,7 @@ from ._state import (
     CacheSupport,
     Snapshot,
     StateMode,
+    UnsupportedModelError,
     check_support,
     crop_attention,
     has_recurrent_state,
@@ -552,6 +553,22 @@ class TargetModel(CausalLM):
             if tokenizer is None and hub_id is not None and os.path.isdir(hub_id):
                 tokenizer = _try_tokenizer(hub_id)
         super().__init__(model, name=hub_id, tokenizer=tokenizer, role="target")
+        self._feature_hook: Any = None
+        self._fresh: list[torch.Tensor] = []
+        self._feature_buffer: torch.Tensor | None = None
+        self._feature_columns = 0
+
+    def reset(self) -> None:
+        """Start a new generation: empty cache (and no hidden states kept)."""
+        super().reset()
+        self._feature_columns = 0
+        self._fresh.clear()
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows in ``index`` (and their hidden states)."""
+        super().select_rows(index)
+        if self._feature_buffer is not None:
+            self._feature_buffer = self._feature_buffer.index_select(0, index)
 
     def verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
         """Score the committed tokens the cache lacks (of ``tokens`` (B, L)) plus the drafts in
@@ -564,6 +581,14 @@ class TargetModel(CausalLM):
             (B, g + 1, V) logits: entry i predicts the token after draft i - 1 (entry 0 follows
             the last committed token, entry g is the bonus position).
         """
+        if self._feature_hook is None:
+            return self._verify(tokens, drafts, padding)
+        self._fresh.clear()
+        logits = self._verify(tokens, drafts, padding)
+        self._keep_features(tokens.shape[1] + drafts.shape[1])
+        return logits
+
+    def _verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
         if self.rows is not None:
             return self.feed(tokens, padding, drafts, keep=drafts.shape[1] + 1)
         pending = tokens[:, self.cached :]
@@ -574,6 +599,60 @@ class TargetModel(CausalLM):
             self.mark()
         tokens = torch.cat([pending, drafts], dim=1) if drafts.shape[1] else pending
         return self.forward(tokens, padding, keep=drafts.shape[1] + 1)
+
+    # Hidden states for drafters that read them (``flashspec.feature_drafter``).
+
+    @property
+    def tracks_features(self) -> bool:
+        """Whether verification keeps the target's final hidden states (``track_features``)."""
+        return self._feature_hook is not None
+
+    def track_features(self) -> None:
+        """From now on keep the final hidden state (what the LM head reads) at every column
+        verification reads: ``features`` after a round holds it for every committed column but
+        the newest, the columns whose inputs were all committed tokens.
+
+        Raises:
+            UnsupportedModelError: the target keeps recurrent state, or its final norm cannot
+                be found (the message names the model class).
+        """
+        if self._feature_hook is not None:
+            return
+        if self.support.stateful:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} keeps recurrent state; a drafter that reads the "
+                "target's hidden states works with attention-only targets. Use a ModelDrafter "
+                "or prompt lookup with this target"
+            )
+        norm = final_norm(self.model)
+        self._feature_hook = norm.register_forward_hook(self._record_features)
+
+    def _record_features(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._fresh.append(output if isinstance(output, torch.Tensor) else output[0])
+
+    def _keep_features(self, end: int) -> None:
+        """Verification's forwards read the last columns up to ``end`` (of the committed tokens
+        followed by the drafts): write their states there."""
+        hidden = self._fresh[0] if len(self._fresh) == 1 else torch.cat(self._fresh, dim=1)
+        self._fresh.clear()
+        start = end - hidden.shape[1]
+        buffer = self._feature_buffer
+        if buffer is None or buffer.shape[0] != hidden.shape[0] or buffer.shape[1] < end:
+            # Doubling, so that a long generation copies its states a logarithmic number of times.
+            grown = hidden.new_empty((hidden.shape[0], max(2 * end, 64), hidden.shape[2]))
+            if buffer is not None and buffer.shape[0] == hidden.shape[0] and start > 0:
+                grown[:, :start] = buffer[:, :start]
+            buffer = self._feature_buffer = grown
+        buffer[:, start:end] = hidden
+        self._feature_columns = end
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        """(B, n, hidden) final hidden states of the first n columns the target has read (n at
+        least every committed column but the newest after a round), or None before any."""
+        if self._feature_buffer is None:
+            return None
+        return self._feature_buffer[:, : self._feature_columns]
 
     def commit(self, tokens: torch.Tensor, padding: Padding) -> None:
         """After a round, hold every committed token of ``tokens`` (B, L) but the newest.
@@ -639,6 +718,29 @@ class TargetModel(CausalLM):
             self.replays += 1
             self.replayed_tokens += valid - mark.columns
             self.replay_seconds += time.perf_counter() - start
+
+
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+"""Where HuggingFace decoders keep the norm whose output their LM head reads."""
+
+
+def final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose output ``model``'s LM head reads (its decoder's final norm).
+
+    Raises:
+        UnsupportedModelError: none of ``FINAL_NORM_NAMES`` on the decoder.
+    """
+    getter = getattr(model, "get_decoder", None)
+    decoder = getter() if callable(getter) else getattr(model, "model", model)
+    for name in FINAL_NORM_NAMES:
+        module = getattr(decoder, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise UnsupportedModelError(
+        f"{type(model).__name__}: no final norm found on its decoder (looked for "
+        f"{', '.join(FINAL_NORM_NAMES)}), so its hidden states cannot be read for a features "
+        "draft; use a ModelDrafter or prompt lookup with this target"
+    )
 
 
 def place_model(

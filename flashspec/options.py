@@ -168,6 +168,12 @@ class EngineOptions:
         from .config import BanditConfig, FlashSpecConfig, SamplingConfig
         from .drafters import PromptLookupDrafter, load_drafters
         from .engine import SpeculativeEngine
+        from .loading import (
+            bundled_draft,
+            bundled_drafter,
+            is_shared_head_folder,
+            shared_head_drafter,
+        )
         from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, DEMO_NAMES, TargetModel
 
         if self.drafter == "prompt-lookup" and self.draft is not None:
@@ -210,10 +216,19 @@ class EngineOptions:
         draft: str | None = self.draft
         if draft is None and self.drafter != "prompt-lookup" and self.target == DEMO_NAME:
             draft = DEMO_DRAFT_NAME
-        if draft is None and self.drafter == "model":
+        # The draft flashspec ships for a named target, loaded once the target is. It runs
+        # batches in lockstep (it reads the target's states by column), so the server takes it
+        # only when asked (--drafter model) and keeps its continuous batching otherwise.
+        shipped = (
+            draft is None
+            and self.drafter != "prompt-lookup"
+            and (not long_lived or self.drafter == "model")
+            and bundled_draft(self.target) is not None
+        )
+        if draft is None and self.drafter == "model" and not shipped:
             raise UserError("--drafter model needs --draft PATH (a draft model for this target)")
         check_model_name(self.target, "--target")
-        if draft is not None:
+        if draft is not None and not is_shared_head_folder(draft):
             check_model_name(draft, "--draft")
 
         names = [] if draft is None else [draft]
@@ -225,9 +240,20 @@ class EngineOptions:
         with _load_errors(self.target, "--target"):
             target = TargetModel(self.target, config.device, config.dtype)
         drafters: list[Any] = []
+        if shipped:
+            drafter = bundled_drafter(self.target, target)
+            if drafter is None and self.drafter == "model":
+                raise UserError(
+                    f"--drafter model: the draft shipped for {self.target!r} does not fit this "
+                    "model file; pass --draft PATH"
+                )
+            drafters += [drafter] if drafter is not None else []
         for name in names:
             with _load_errors(name, "--draft"):
-                drafters += load_drafters([name], device=config.device, dtype=config.dtype)
+                if is_shared_head_folder(name):
+                    drafters.append(shared_head_drafter(name, target))
+                else:
+                    drafters += load_drafters([name], device=config.device, dtype=config.dtype)
         if not drafters or adaptive:
             drafters.append(PromptLookupDrafter())
         try:

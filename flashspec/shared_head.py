@@ -11,6 +11,12 @@ cannot propose, and greedy drafting picks the best token inside the subset.
 ``build_shared_head_draft`` makes one (random layers, for training); ``save_shared_head_draft``
 writes only what it owns; ``load_shared_head_draft`` attaches a saved one to a target. The
 result is a HuggingFace causal LM: ``ModelDrafter`` drafts with it like any other.
+
+A draft built with ``reads="features"`` takes, at each position, the target's final hidden state
+there together with the embedding of the next token (EAGLE, Li et al. 2024, drafts from the
+target's features like this), fused by a linear map (``FeatureFuse``) into its layers; its own
+final hidden state stands in for the target's at the positions it drafts. ``FeatureDrafter``
+(``flashspec.feature_drafter``) drafts with it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import torch
 CONFIG_FILE = "shared_head_draft.json"
 WEIGHTS_FILE = "layers.safetensors"
 FORMAT = "flashspec-shared-head-draft/1"
+INPUTS = ("tokens", "features")
+"""What a shared-head draft reads at each position: a token, or the target's hidden state there
+with the next token (see the module docstring)."""
 # What the draft takes from the target and so never saves.
 SHARED_PREFIXES = ("model.embed_tokens.", "lm_head.")
 
@@ -62,6 +71,38 @@ class SubsetHead(torch.nn.Module):
         return logits
 
 
+class FeatureFuse(torch.nn.Module):
+    """The input of a features draft: ``[feature; embedding]`` mapped to the hidden width."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(2 * hidden, hidden)
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """(B, n, hidden) features and (B, n, hidden) embeddings to (B, n, hidden) inputs."""
+        fused: torch.Tensor = self.proj(torch.cat([features.to(embeds.dtype), embeds], dim=-1))
+        return fused
+
+
+def draft_input(draft: torch.nn.Module) -> str:
+    """What ``draft`` reads: ``"features"`` if it has a ``FeatureFuse``, else ``"tokens"``."""
+    return "features" if isinstance(getattr(draft, "fuse", None), FeatureFuse) else "tokens"
+
+
+def feature_hidden(
+    draft: torch.nn.Module, features: torch.Tensor, next_ids: torch.Tensor, **kwargs: Any
+) -> torch.Tensor:
+    """A features draft's final hidden states (B, n, hidden) for the target's ``features`` at
+    n positions and the tokens after them (``next_ids`` (B, n)); ``kwargs`` go to its decoder
+    (cache, positions, mask)."""
+    model: Any = draft
+    embeds = model.model.embed_tokens(next_ids)
+    hidden: torch.Tensor = model.model(
+        inputs_embeds=model.fuse(features, embeds), **kwargs
+    ).last_hidden_state
+    return hidden
+
+
 def _target_parts(target: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor, Any]:
     embed = target.get_input_embeddings()  # type: ignore[operator]
     head = target.get_output_embeddings()  # type: ignore[operator]
@@ -92,14 +133,21 @@ def build_shared_head_draft(
     *,
     layers: int = 1,
     intermediate_size: int | None = None,
+    reads: str = "tokens",
 ) -> torch.nn.Module:
     """A new draft for ``target``: ``layers`` Llama decoder layers of the target's width on the
     target's embedding, and its head over ``ids``. The layers start random (train them).
+    ``reads="features"`` adds the ``FeatureFuse`` of a draft that reads the target's hidden
+    states (see the module docstring).
 
     Raises:
-        ValueError: the target has no embedding/linear head, or ``ids`` are bad.
+        ValueError: the target has no embedding/linear head, ``ids`` are bad, or ``reads`` is
+            not one of ``INPUTS``.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    if reads not in INPUTS:
+        raise ValueError(f"reads must be one of {INPUTS}, got {reads!r}")
 
     _, weight, text = _target_parts(target)
     text = _Defaults(text)
@@ -129,6 +177,8 @@ def build_shared_head_draft(
     config: Any = LlamaConfig(**settings)
     config._attn_implementation = "sdpa"
     draft: Any = LlamaForCausalLM(config)
+    if reads == "features":
+        draft.fuse = FeatureFuse(hidden)
     draft = draft.to(device=weight.device, dtype=weight.dtype)
     attach(draft, target, ids)
     built: torch.nn.Module = draft
@@ -163,6 +213,7 @@ def save_shared_head_draft(draft: torch.nn.Module, directory: str | Path) -> Pat
     ids = model.lm_head.ids
     meta = {
         "format": FORMAT,
+        "input": draft_input(draft),
         "config": model.config.to_dict(),
         "ids": [int(i) for i in ids.tolist()],
     }
@@ -192,6 +243,11 @@ def load_shared_head_draft(directory: str | Path, target: torch.nn.Module) -> to
             f"{config.hidden_size}, but the target's head is {tuple(weight.shape)}"
         )
     draft: Any = LlamaForCausalLM(config)
+    kind = meta.get("input", "tokens")
+    if kind not in INPUTS:
+        raise ValueError(f"{folder}: unknown draft input {kind!r} (this flashspec reads {INPUTS})")
+    if kind == "features":
+        draft.fuse = FeatureFuse(config.hidden_size)
     state = load_file(str(folder / WEIGHTS_FILE))
     missing, unexpected = draft.load_state_dict(state, strict=False)
     lost = [k for k in missing if not k.startswith(SHARED_PREFIXES)]

@@ -8,12 +8,17 @@ the target's own embedding, drafting over the target's head rows for the K most 
 
 Data: the Python standard library's source (the running interpreter's ``Lib/``, tests and
 site-packages left out; the split of ``train_demo_pair.py``: about 5% of the files held out by a
-hash of their path). No HumanEval. The vocabulary subset is the K most frequent tokens of the
-training text plus the tokenizer's special tokens.
+hash of their path), and the target's own greedy answers to the instruction prompts of
+``draft_chat_data.py`` (generated once into ``--out``; ``--chat-repeat`` times in the stream;
+about 10% of the prompts held out by a hash). No HumanEval. The vocabulary subset is the K most
+frequent tokens of that stream plus the tokenizer's special tokens.
 
 Loss: KL(target || draft) over the subset, the target's next-token distribution renormalised
-over the subset (the draft can put mass nowhere else). Only the draft's own layers and norm
-train; the target is frozen and runs in inference mode as the teacher, one pass per batch.
+over the subset (the draft can put mass nowhere else). Only the draft's own layers, norm (and
+fuse) train; the target is frozen and runs in inference mode as the teacher, one pass per batch.
+A features draft (``--reads features``, the default) reads the target's final hidden states;
+its first ``PASSES`` draft steps are unrolled at every position, each read as a round reads it
+(``unrolled``), and each also regresses the target's next hidden state.
 
 Resumable: ``--out`` holds ``checkpoint.pt`` (draft, optimiser, step, elapsed seconds, data
 cursor); a rerun with the same ``--out`` continues until ``--minutes`` of training in all. The
@@ -21,7 +26,8 @@ learning rate follows the budget: warm-up over the first 2% of it, then a cosine
 
 Writes ``--out``: the draft (``save_shared_head_draft``: its layers in float16, the token ids),
 and ``card.json``: data, steps, wall time, held-out greedy agreement with the target (the
-per-token acceptance of greedy drafting, teacher-forced), expected acceptance at temperature 1
+per-token acceptance of greedy drafting, teacher-forced; per unrolled step, and on held-out
+code and chat apart), expected acceptance at temperature 1
 (the mean of sum(min(p, q))), the subset's coverage of the target's greedy tokens, and the
 draft's and target's one-token step times.
 """
@@ -46,20 +52,59 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import draft_chat_data
 from train_demo_pair import encode_stream, read_corpus
 
 from flashspec.shared_head import (
     build_shared_head_draft,
+    draft_input,
+    feature_hidden,
     own_state,
     save_shared_head_draft,
 )
 
 CHECKPOINT = "checkpoint.pt"
 CARD = "card.json"
+CHAT = "chat.json"
 WARMUP_FRACTION = 0.02
 MIN_LR_RATIO = 0.1
 CHECKPOINT_EVERY_S = 300.0
 EVAL_WINDOWS = 32
+FEATURE_WEIGHT = 0.1
+"""Weight of the features draft's regression of the target's next hidden state (its own final
+hidden state is the next step's input), against the KL of its tokens."""
+PASSES = 3
+"""Draft steps unrolled in training (``unrolled``): the first reads the target's states, the
+others the draft's own, as a round's later drafts do."""
+PASS_WEIGHTS = (1.0, 0.7, 0.5)
+"""Loss weight of each unrolled step: a later draft counts only when the earlier ones were
+accepted."""
+
+
+def spaced_windows(stream: torch.Tensor, span: int) -> torch.Tensor:
+    """Up to EVAL_WINDOWS evenly spaced windows of ``span`` tokens (the same every run)."""
+    count = min(EVAL_WINDOWS, stream.numel() // span)
+    stride = stream.numel() // count
+    return torch.stack([stream[i * stride : i * stride + span] for i in range(count)])
+
+
+def chat_data(args: argparse.Namespace, target: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """The chat conversations (train, held out), generated once into ``args.out``."""
+    path = args.out / CHAT
+    if path.exists():
+        saved = json.loads(path.read_text())
+    else:
+        texts = draft_chat_data.prompts()
+        if args.quick:
+            texts = texts[:: max(1, len(texts) // 24)]
+        ids = draft_chat_data.answers(target, tokenizer, texts)
+        saved = {"prompts": texts, "ids": ids}
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(saved))
+    pairs = list(zip(saved["prompts"], saved["ids"], strict=True))
+    train = [ids for text, ids in pairs if not draft_chat_data.held_out(text)]
+    held = [ids for text, ids in pairs if draft_chat_data.held_out(text)]
+    return train, held
 
 
 def subset_ids(stream: torch.Tensor, k: int, special: list[int]) -> list[int]:
@@ -77,11 +122,78 @@ def init_from_target(draft: Any, target: Any) -> None:
         draft.model.norm.load_state_dict(target.model.norm.state_dict())
 
 
-def draft_scores(draft: Any, inputs: torch.Tensor) -> torch.Tensor:
+def subset_scores(draft: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The draft's scores over its subset only (no full-vocabulary scatter while training)."""
-    hidden = draft.model(input_ids=inputs).last_hidden_state
     rows = draft.lm_head.get_buffer("rows")
     return hidden @ rows.to(hidden.dtype).T
+
+
+def draft_scores(draft: Any, inputs: torch.Tensor) -> torch.Tensor:
+    """A tokens draft's subset scores for each position of ``inputs``."""
+    return subset_scores(draft, draft.model(input_ids=inputs).last_hidden_state)
+
+
+def teacher_pass(target: Any, inputs: torch.Tensor, subset: torch.Tensor) -> tuple[Any, Any]:
+    """The target's final hidden states (B, T, d) and its logits over the subset (B, T, K)."""
+    hidden = target.model(input_ids=inputs).last_hidden_state
+    return hidden, target.lm_head(hidden)[..., subset].float()
+
+
+def kl(teacher_logits: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || draft) per position, averaged, both renormalised over the subset."""
+    teacher = teacher_logits.log_softmax(-1).flatten(0, 1)
+    student = scores.float().log_softmax(-1).flatten(0, 1)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+
+
+def unrolled(
+    draft: Any, hidden: torch.Tensor, inputs: torch.Tensor, passes: int = PASSES
+) -> list[torch.Tensor]:
+    """A features draft's first ``passes`` draft steps at every column at once, each read as a
+    round reads it (training-time test, as EAGLE-3 calls it).
+
+    Column j of pass 1 reads the target's state at j with token j + 1 and stands for the
+    target's state at j + 1. Column j of pass k reads pass k - 1's output at column j - 1 (the
+    draft's own state where a round's k-th draft reads it) with token j + 1, and attends to
+    what that draft attends to in a round: pass 1's columns up to j - k + 1 (read from the
+    target's states) and one column of each pass between (its own earlier drafts). Every pass
+    returns (B, T - 1, d); pass k's first k - 1 columns have no such round and are padding.
+    """
+    from flashspec._compat import ForwardSignature, new_cache
+
+    batch, columns = inputs.shape[0], inputs.shape[1] - 1
+    device = inputs.device
+    cache = {ForwardSignature.of(draft).cache_arg: new_cache(draft)}
+    position = torch.arange(columns, device=device).expand(batch, -1)
+    outputs = [feature_hidden(draft, hidden[:, :-1], inputs[:, 1:], **cache,
+                              position_ids=position, use_cache=True)]  # fmt: skip
+    j = torch.arange(columns, device=device)
+    for k in range(2, passes + 1):
+        previous = outputs[-1]
+        state = torch.cat([previous[:, :1] * 0, previous[:, :-1]], dim=1)
+        allowed = [j[None, :] <= (j[:, None] - k + 1)]  # pass 1's columns
+        allowed += [j[None, :] == (j[:, None] - k + m) for m in range(2, k + 1)]
+        mask = torch.cat(allowed, dim=1)
+        mask[: k - 1, 0] = True  # padding rows attend to something (their outputs go unused)
+        out = feature_hidden(draft, state, inputs[:, 1:], **cache, position_ids=position,
+                             attention_mask=mask[None, None], use_cache=True)  # fmt: skip
+        outputs.append(out)
+    return outputs
+
+
+def feature_loss(
+    draft: Any, hidden: torch.Tensor, teacher_logits: torch.Tensor, inputs: torch.Tensor
+) -> torch.Tensor:
+    """KL of every unrolled step's tokens plus the regression of the target's states."""
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    for k, (out, weight) in enumerate(zip(unrolled(draft, hidden, inputs), PASS_WEIGHTS,
+                                          strict=False)):  # fmt: skip
+        # Pass k + 1's column j predicts token j + 2 (the target's logits at j + 1).
+        step = kl(teacher_logits[:, 1 + k :], subset_scores(draft, out[:, k:]))
+        step = step + FEATURE_WEIGHT * F.smooth_l1_loss(out[:, k:].float(),
+                                                        hidden[:, 1 + k :].float())  # fmt: skip
+        loss = loss + weight * step
+    return loss
 
 
 def lr_at(fraction: float, peak: float) -> float:
@@ -97,11 +209,24 @@ def evaluate(draft: Any, target: Any, windows: torch.Tensor) -> dict[str, float]
     """Teacher-forced on held-out windows: greedy agreement, expected acceptance at T=1, and
     how often the target's greedy token is inside the subset."""
     ids = draft.lm_head.get_buffer("ids")
+    features = draft_input(draft) == "features"
     agree = accept = covered = total = 0.0
+    later = [[0.0, 0.0] for _ in range(PASSES - 1 if features else 0)]  # steps 2, 3...
     for batch in windows.split(8):
         inputs = batch[:, :-1]
-        p = target(input_ids=inputs).logits.float().softmax(-1)
-        scores = draft_scores(draft, inputs).float()
+        hidden = target.model(input_ids=inputs).last_hidden_state
+        p = target.lm_head(hidden).float().softmax(-1)
+        if features:
+            passes = unrolled(draft, hidden, inputs)
+            p = p[:, 1:]  # column t of a pass predicts token t + 2
+            scores = subset_scores(draft, passes[0]).float()
+            for k, out in enumerate(passes[1:], start=1):
+                best_k = p[:, k:].argmax(-1)
+                later[k - 1][0] += float((ids[subset_scores(draft, out[:, k:]).argmax(-1)]
+                                          == best_k).sum())  # fmt: skip
+                later[k - 1][1] += best_k.numel()
+        else:
+            scores = draft_scores(draft, inputs).float()
         q = torch.zeros_like(p)
         q[..., ids] = scores.softmax(-1)
         best = p.argmax(-1)
@@ -109,12 +234,17 @@ def evaluate(draft: Any, target: Any, windows: torch.Tensor) -> dict[str, float]
         accept += float(torch.minimum(p, q).sum(-1).sum())
         covered += float(torch.isin(best, ids).sum())
         total += best.numel()
-    return {
+    result = {
         "greedy_agreement": agree / total,
         "expected_acceptance_t1": accept / total,
         "subset_covers_greedy": covered / total,
         "positions": total,
     }
+    for k, (hits, count) in enumerate(later, start=2):
+        # Step k reads the draft's own states as a round's k-th draft does, after the data's
+        # tokens (not the draft's): a gauge of a round's later drafts.
+        result[f"greedy_agreement_step{k}"] = hits / count if count else 0.0
+    return result
 
 
 @torch.inference_mode()
@@ -135,6 +265,26 @@ def step_ms(model: Any, prompt: torch.Tensor, reps: int = 16) -> float:
     return best
 
 
+@torch.inference_mode()
+def feature_step_ms(draft: Any, target: Any, prompt: torch.Tensor, reps: int = 16) -> float:
+    """A features draft's one-token step after ``prompt`` (milliseconds, best of two)."""
+    from flashspec._compat import ForwardSignature, new_cache
+
+    hidden = target.model(input_ids=prompt).last_hidden_state
+    cache_arg = ForwardSignature.of(draft).cache_arg
+    best = math.inf
+    for _ in range(2):
+        cache = {cache_arg: new_cache(draft)}
+        out = feature_hidden(draft, hidden[:, :-1], prompt[:, 1:], **cache)
+        state = out[:, -1:]
+        start = time.perf_counter()
+        for _ in range(reps):
+            token = draft.lm_head(state).argmax(-1)
+            state = feature_hidden(draft, state, token, **cache)
+        best = min(best, (time.perf_counter() - start) / reps * 1e3)
+    return best
+
+
 def load_target(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     """The target and its tokenizer, by flashspec's names (``smollm2``) or a path."""
     from flashspec.loading import resolve_named
@@ -150,11 +300,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="output (and resume) folder")
     parser.add_argument("--minutes", type=float, default=110.0, help="training budget (110)")
     parser.add_argument("--layers", type=int, default=1, help="draft decoder layers (1)")
+    parser.add_argument("--reads", choices=("features", "tokens"), default="features",
+                        help="draft input: the target's hidden states and tokens (features, "
+                        "the default) or tokens alone")  # fmt: skip
     parser.add_argument("--vocab", type=int, default=8192, help="subset size K (8192)")
     parser.add_argument("--length", type=int, default=256, help="tokens per window (256)")
     parser.add_argument("--batch", type=int, default=8, help="windows per step (8)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--chat-repeat", type=int, default=4,
+                        help="times the chat answers appear in the training stream (4; 0: no "
+                        "chat data)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a few files only (smoke runs)")
     return parser.parse_args(argv)
@@ -166,16 +322,22 @@ def train(
     tokenizer: Any,
     train_texts: list[str],
     held_texts: list[str],
+    chat_train: list[list[int]] | None = None,
+    chat_held: list[list[int]] | None = None,
 ) -> dict[str, Any]:
-    """Distil (or resume distilling) a draft of ``target`` into ``args.out``; returns the card."""
+    """Distil (or resume distilling) a draft of ``target`` into ``args.out``; returns the card.
+
+    ``chat_train`` / ``chat_held``: token ids of chat conversations (``draft_chat_data``), put
+    ``args.chat_repeat`` times into the training stream / evaluated on their own."""
     torch.manual_seed(args.seed)
     target.eval().requires_grad_(False)
-    stream = encode_stream(tokenizer, train_texts)
-    held = encode_stream(tokenizer, held_texts)
+    code = encode_stream(tokenizer, train_texts)
+    chat = torch.tensor([t for ids in chat_train or [] for t in ids], dtype=torch.int64)
+    stream = torch.cat([code, *([chat] * args.chat_repeat)])
     span = args.length + 1
-    count = min(EVAL_WINDOWS, held.numel() // span)
-    stride = held.numel() // count
-    eval_windows = torch.stack([held[i * stride : i * stride + span] for i in range(count)])
+    eval_windows = spaced_windows(encode_stream(tokenizer, held_texts), span)
+    held_chat = torch.tensor([t for ids in chat_held or [] for t in ids], dtype=torch.int64)
+    chat_windows = spaced_windows(held_chat, span) if held_chat.numel() > span else None
 
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / CHECKPOINT
@@ -183,7 +345,8 @@ def train(
         torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
     )
     ids = saved["ids"] if saved else subset_ids(stream, args.vocab, tokenizer.all_special_ids)
-    draft = build_shared_head_draft(target, ids, layers=args.layers)
+    draft = build_shared_head_draft(target, ids, layers=args.layers, reads=args.reads)
+    features = args.reads == "features"
     draft.requires_grad_(False)
     names = set(own_state(draft))
     trainable = [p for n, p in draft.named_parameters() if n in names]
@@ -194,11 +357,17 @@ def train(
         draft.load_state_dict(saved["draft"], strict=False)
         opt.load_state_dict(saved["optimizer"])
         step, elapsed, cursor = saved["step"], saved["elapsed_s"], saved["cursor"]
-        before = saved["before"]
+        before, before_chat = saved["before"], saved.get("before_chat")
     else:
-        init_from_target(draft, target)
+        if features:
+            # Its layers start random; the norm maps onto the target's head as the target's does.
+            with torch.no_grad():
+                draft.model.norm.load_state_dict(target.model.norm.state_dict())
+        else:
+            init_from_target(draft, target)
         step, elapsed, cursor = 0, 0.0, 0
         before = evaluate(draft, target, eval_windows)
+        before_chat = evaluate(draft, target, chat_windows) if chat_windows is not None else None
 
     budget = args.minutes * 60
     order = torch.randperm(stream.numel() // span, generator=torch.Generator().manual_seed(1))
@@ -218,6 +387,7 @@ def train(
                 "elapsed_s": elapsed,
                 "cursor": cursor,
                 "before": before,
+                "before_chat": before_chat,
             },
             checkpoint_path,
         )
@@ -229,12 +399,13 @@ def train(
         cursor += args.batch
         inputs = windows[rows][:, :-1]
         with torch.inference_mode():
-            teacher_logits = target(input_ids=inputs).logits[..., subset].float()
-        # A copy outside inference mode: autograd keeps the target for the backward pass.
-        teacher = teacher_logits.clone().log_softmax(-1)
-        student = draft_scores(draft, inputs).float().log_softmax(-1)
-        loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True,
-                        reduction="batchmean")  # fmt: skip
+            hidden, teacher_logits = teacher_pass(target, inputs, subset)
+        # Copies outside inference mode: autograd keeps them for the backward pass.
+        hidden, teacher_logits = hidden.clone(), teacher_logits.clone()
+        if features:
+            loss = feature_loss(draft, hidden, teacher_logits, inputs)
+        else:
+            loss = kl(teacher_logits, draft_scores(draft, inputs))
         for group in opt.param_groups:
             group["lr"] = lr_at(elapsed / budget, args.lr)
         opt.zero_grad(set_to_none=True)
@@ -246,7 +417,7 @@ def train(
         smooth = value if math.isnan(smooth) else 0.95 * smooth + 0.05 * value
         elapsed += time.perf_counter() - began
         bar.update(min(int(elapsed), int(budget)) - bar.n)
-        bar.set_postfix(step=step, kl=f"{smooth:.3f}")
+        bar.set_postfix(step=step, loss=f"{smooth:.3f}")
         if time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
             save()
             last_save = time.perf_counter()
@@ -256,26 +427,38 @@ def train(
     save_shared_head_draft(draft, args.out)
 
     prompt = eval_windows[:1, :64]
-    costs = {"target_step_ms": step_ms(target, prompt), "draft_step_ms": step_ms(draft, prompt)}
+    draft_ms = feature_step_ms(draft, target, prompt) if features else step_ms(draft, prompt)
+    costs = {"target_step_ms": step_ms(target, prompt), "draft_step_ms": draft_ms}
     costs["draft_over_target"] = costs["draft_step_ms"] / costs["target_step_ms"]
     card = {
         "target": args.target,
         "dtype": args.dtype,
         "layers": args.layers,
+        "reads": args.reads,
         "subset_tokens": len(ids),
         "data": {
-            "corpus": "Python standard library source (train_demo_pair.py's split)",
+            "corpus": "Python standard library source (train_demo_pair.py's split), and the "
+            "target's greedy answers to draft_chat_data.py's instruction prompts",
             "python": platform.python_version(),
             "train_files": len(train_texts),
             "held_out_files": len(held_texts),
+            "code_tokens": int(code.numel()),
+            "chat_conversations": len(chat_train or []),
+            "held_out_chat_conversations": len(chat_held or []),
+            "chat_tokens": int(chat.numel()),
+            "chat_repeat": args.chat_repeat,
             "train_tokens": int(stream.numel()),
             "tokens_seen": int(step * args.batch * args.length),
         },
         "steps": step,
         "wall_s": round(elapsed, 1),
-        "final_train_kl": round(smooth, 4),
+        "final_train_loss": round(smooth, 4),
         "held_out_before": before,
         "held_out": evaluate(draft, target, eval_windows),
+        "held_out_chat_before": before_chat,
+        "held_out_chat": (
+            evaluate(draft, target, chat_windows) if chat_windows is not None else None
+        ),
         "costs": costs,
         "machine": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
@@ -290,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     train_texts, held_texts, _ = read_corpus()
     if args.quick:
         train_texts, held_texts = train_texts[:40], held_texts[:4]
-    card = train(args, target, tokenizer, train_texts, held_texts)
+    chat_train, chat_held = chat_data(args, target, tokenizer) if args.chat_repeat else ([], [])
+    card = train(args, target, tokenizer, train_texts, held_texts, chat_train, chat_held)
     print(json.dumps(card, indent=2))
     return 0
 

