@@ -258,8 +258,10 @@ def kill_under_load(
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(run, prompt) for prompt in PROMPTS + PROMPTS]
-        # Mid-generation: the victim's last report shows its batch full (max_batch 4).
-        assert wait_for(lambda: running_rows(cluster, victim) >= 4, 60.0)
+        # Mid-generation: the victim's last report shows rows of the load running. Not a full
+        # batch: a report comes once a second, and on a faster machine a full batch of the demo
+        # pair can start and finish between two reports.
+        assert wait_for(lambda: running_rows(cluster, victim) >= 2, 60.0)
         cluster.kill_replica(victim)
         return [future.result(timeout=180) for future in futures]
 
