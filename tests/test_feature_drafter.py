@@ -46,6 +46,27 @@ def hf_greedy(target: Any, ids: list[int], n: int) -> list[int]:
     return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
+def states_checker(engine: SpeculativeEngine, target: Any) -> tuple[Any, list[int]]:
+    """A ``before_round`` hook asserting that the states the target keeps (every committed
+    column but the newest) equal a fresh forward over each row's real tokens, and the count
+    of rounds it checked."""
+    checked = [0]
+
+    def check(view: RoundView) -> None:
+        kept = engine.target.features
+        if kept is None:
+            return
+        known = view.tokens.shape[1] - 1
+        for row, left in enumerate(view.padding.lefts):
+            with torch.inference_mode():
+                reference = target.model(input_ids=view.tokens[row : row + 1, left:known])
+            want = reference.last_hidden_state[0]
+            torch.testing.assert_close(kept[row, left:known], want, atol=1e-4, rtol=1e-4)
+        checked[0] += 1
+
+    return check, checked
+
+
 def test_the_states_the_target_keeps_are_its_own_at_every_round() -> None:
     """Each round, the states the drafter reads (every committed column but the newest) equal
     a fresh full forward of the target over each row's committed tokens."""
@@ -56,25 +77,11 @@ def test_the_states_the_target_keeps_are_its_own_at_every_round() -> None:
         [FeatureDrafter(feature_draft(target, list(range(0, vocab, 2))))],
         TargetModel("tiny", model=target),
     )
-    checked = 0
-
-    def check(view: RoundView) -> None:
-        nonlocal checked
-        kept = engine.target.features
-        if kept is None:
-            return
-        known = view.tokens.shape[1] - 1
-        for row, left in enumerate(view.padding.lefts):
-            with torch.inference_mode():
-                reference = target.model(input_ids=view.tokens[row : row + 1, left:known])
-            want = reference.last_hidden_state[0]
-            torch.testing.assert_close(kept[row, left:known], want, atol=1e-4, rtol=1e-4)
-            checked += 1
-
+    check, checked = states_checker(engine, target)
     engine.before_round.append(check)
     prompts = [[1, 5, 9, 13, 7, 22, 31], [4, 8, 15]]  # the second row is padded
     result = engine.generate(prompts, max_new_tokens=20, ignore_eos=True)
-    assert checked >= 10
+    assert checked[0] >= 10
     for prompt, tokens in zip(prompts, result.tokens, strict=True):
         assert tokens == hf_greedy(target, prompt, 20)[: len(tokens)]
 
@@ -245,22 +252,10 @@ def test_rounds_of_other_arms_keep_the_states_it_reads() -> None:
         [FeatureDrafter(feature_draft(target, list(range(vocab)))), PromptLookupDrafter()],
         TargetModel("tiny", model=target),
     )
-    kept_ok = 0
-
-    def check(view: RoundView) -> None:
-        nonlocal kept_ok
-        kept = engine.target.features
-        if kept is None:
-            return
-        known = view.tokens.shape[1] - 1
-        with torch.inference_mode():
-            want = target.model(input_ids=view.tokens[:, :known]).last_hidden_state
-        torch.testing.assert_close(kept[:, :known], want, atol=1e-4, rtol=1e-4)
-        kept_ok += 1
-
+    check, checked = states_checker(engine, target)
     engine.before_round.append(check)
     prompt = [1, 5, 9, 13, 1, 5, 9, 13, 1, 5]  # repetitive: lookup has matches to draft
     result = engine.generate([prompt], max_new_tokens=40, ignore_eos=True)
     assert result.tokens[0] == hf_greedy(target, prompt, 40)[: len(result.tokens[0])]
-    assert len(result.tokens[0]) == 40 and kept_ok > 5
+    assert len(result.tokens[0]) == 40 and checked[0] > 5
     assert len(result.stats.arm_rounds) >= 2, result.stats.arm_rounds

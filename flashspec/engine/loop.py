@@ -223,17 +223,14 @@ class SpeculativeEngine:
                 model=models.get(target or ""),
                 tokenizer=tokenizer,
             )
-        shipped = drafters is None and isinstance(target, str)
+        # A named target's shipped draft joins the default drafters (flashspec.loading.drafts).
+        named = target if drafters is None and isinstance(target, str) and not demo else None
         if drafters is None:
             drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
         drafter_list = load_drafters(
             drafters, device=config.device, dtype=config.dtype, models=models
         )
-        bundled = (
-            bundled_drafter(target, target_model)
-            if shipped and isinstance(target, str) and not demo
-            else None
-        )
+        bundled = bundled_drafter(named, target_model) if named is not None else None
         if bundled is not None:
             drafter_list.insert(0, bundled)  # the draft shipped for this named target
         return cls(config, drafter_list, target_model, selector)
