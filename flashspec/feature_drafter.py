@@ -1,18 +1,24 @@
 """FeatureDrafter: drafts from the target's own final hidden states with a features draft
 (``flashspec.shared_head``, built with ``reads="features"``).
 
-Each round, verification leaves the target's hidden state at every committed column but the
-newest (``TargetModel.features``). The draft's column j reads the pair (the target's state at
-column j, the token at column j + 1): a new round first reads the columns it has not read yet,
-up to the newest committed token. Its final hidden state there stands for the target's state at
-that token, whose head gives the first draft; the next step reads that state with the drafted
-token, and so on. Its cache keeps only the columns read from the target's states: the drafted
-ones, read from its own, are dropped when the round commits (EAGLE's scheme, Li et al. 2024).
+Each round, verification leaves the target's hidden state at each row's every committed token
+but the newest (``TargetModel.gather_features``). The draft's column k of a row reads the pair
+(the target's state at the row's token k, its token k + 1): a new round first reads the
+columns it has not read yet, up to the newest committed token. Its final hidden state there
+stands for the target's state at that token, whose head gives the first draft; the next step
+reads that state with the drafted token, and so on. Its cache keeps only the columns read from
+the target's states: the drafted ones, read from its own, are dropped when the round commits
+(EAGLE's scheme, Li et al. 2024).
+
+The draft's cache keeps each row's columns apart (``flashspec._layout.RowLayout``, as a
+shiftable ``CausalLM`` does), so rows commit their own counts and join a running batch (ragged
+batches, the server's continuous batching); lockstep batches are the case where every row
+commits the same count.
 
 Exactness does not rest on any of this: the drafts, and the distributions they were drawn from,
 go to verification like any drafter's. The target must keep attention state only (a recurrent
-target is refused by ``TargetModel.track_features``), and batches run in lockstep (the drafter
-is not ``shiftable``); the compiled path stays off (``flashspec.compiled.policy.obstacle``).
+target is refused by ``TargetModel.track_features``); the compiled path stays off
+(``flashspec.compiled.policy.obstacle``).
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from typing import Any
 
 import torch
 
-from ._compat import ForwardSignature, crop_cache, new_cache, select_cache_rows
+from ._compat import ForwardSignature, crop_cache, new_cache
+from ._layout import RowLayout, append_zero_rows, gather_columns, shiftable
+from ._state import select_attention_rows
 from .drafters import DraftContext, Drafter, Proposal, _no_drafts, pick_draft
-from .models import TargetModel
+from .models import Padding, TargetModel
 from .shared_head import draft_input, feature_hidden
 
 
@@ -60,9 +68,9 @@ class FeatureDrafter(Drafter):
         self.temperature = temperature
         self._target: TargetModel | None = None
         self._cache: Any = None
-        self._read = 0  # draft columns read from the target's states
-        self._drafted = 0  # draft columns after them, read from its own (this round's)
-        self._state: torch.Tensor | None = None  # its output at its newest read column
+        self._rows = RowLayout()  # per row: its columns read from the target's states, ...
+        self._drafted = 0  # ... then this round's drafted columns in every row, read from its own
+        self._state: torch.Tensor | None = None  # (B, 1, d) its output at each row's newest read
 
     def bind(self, target: TargetModel) -> None:
         """Check the draft fits ``target`` and have the target keep its hidden states.
@@ -80,6 +88,11 @@ class FeatureDrafter(Drafter):
                 f"width {hidden}, but the target {target.name!r} has {target.vocab_size} and "
                 f"{width}; train or load a draft for this target"
             )
+        if not shiftable(new_cache(self.draft)):
+            raise ValueError(
+                f"drafter {self.name!r}: the draft's cache is not a plain attention cache "
+                "(sliding-window or recurrent layers); build it with build_shared_head_draft"
+            )
         device = next(self.draft.parameters()).device
         if device != target.device:
             raise ValueError(
@@ -91,13 +104,14 @@ class FeatureDrafter(Drafter):
 
     @property
     def shiftable(self) -> bool:
-        """False: its columns follow the token matrix's, so batches run in lockstep."""
-        return False
+        """True: rows keep their own columns, so batches can be ragged."""
+        return True
 
     def reset(self) -> None:
         """Empty the draft's cache."""
         self._cache = new_cache(self.draft)
-        self._read = self._drafted = 0
+        self._rows = RowLayout()
+        self._drafted = 0
         self._state = None
 
     def prefill(self, ctx: DraftContext) -> None:
@@ -105,25 +119,26 @@ class FeatureDrafter(Drafter):
         self._catch_up(ctx)
 
     def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
-        """Draft up to ``gamma`` tokens per row; none before the target has read the prompt."""
+        """Draft up to ``gamma`` tokens per row; none before the target has read every row's
+        prompt."""
         if gamma <= 0 or not self._catch_up(ctx):
             return _no_drafts(ctx.tokens)
         state = self._state
         assert state is not None
-        column = ctx.tokens.shape[1] - 1  # the draft column a step after the first reads
+        every = [0] * ctx.tokens.shape[0]
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         for i in range(gamma):
             token, unsure = pick_draft(self.draft.lm_head(state)[:, -1], ctx, drafts, dists)
             if i + 1 == gamma or unsure:
                 break
-            state = self._step(state, token.unsqueeze(1), ctx, column + i)
+            state = self._read_columns(state, token.unsqueeze(1), every)
             self._drafted += 1
         return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
 
     def _catch_up(self, ctx: DraftContext) -> bool:
-        """Drop this round's drafted columns and read the target's states up to the newest
-        committed token; False when the target has not read that far."""
+        """Drop this round's drafted columns and read the target's states up to each row's
+        newest committed token; False when the target has not read that far in every row."""
         target = self._target
         if target is None:
             raise RuntimeError(
@@ -133,32 +148,46 @@ class FeatureDrafter(Drafter):
         if self._cache is None:
             self.reset()
         self._drop_drafted()
-        known = ctx.tokens.shape[1] - 1
-        features = target.features
-        if known < 1 or features is None or features.shape[1] < known:
+        width, batch = ctx.tokens.shape[1], ctx.tokens.shape[0]
+        known = [width - 1 - left for left in ctx.padding.lefts]  # columns to read, per row
+        kept = target.feature_counts(ctx.padding)
+        if kept is None or any(k < 1 or n < k for k, n in zip(known, kept, strict=True)):
             return False
-        if self._read > known:
-            self.reset()  # the committed tokens went back past what it read: read them again
-        if self._read < known:
-            start = self._read
-            hidden = feature_hidden(
-                self.draft,
-                features[:, start:known],
-                ctx.tokens[:, start + 1 : known + 1],
-                **self._inputs(ctx, start, known - start),
-            )
-            self._read = known
-            self._state = hidden[:, -1:]
+        rows = self._rows
+        if rows.alive is None or len(rows.lengths) != batch:
+            self.reset()
+            rows = self._rows
+            rows.start(batch, ctx.tokens.device)
+        if any(h > k for h, k in zip(rows.lengths, known, strict=True)):
+            # The committed tokens went back past what it read: read every row again.
+            self.reset()
+            rows = self._rows
+            rows.start(batch, ctx.tokens.device)
+        need = [k - h for k, h in zip(known, rows.lengths, strict=True)]
+        count = max(need)
+        if count:
+            # Rectangle column c is row b's draft column known[b] - count + c: the target's
+            # state there, and the token after it (right-aligned, as the token matrix is).
+            columns = torch.arange(count - 1, -1, -1, device=ctx.tokens.device)
+            index = torch.tensor(known, device=ctx.tokens.device).unsqueeze(1) - 1 - columns
+            features = target.gather_features(index.clamp_min(0), ctx.padding)
+            hidden = self._read_columns(features, ctx.tokens[:, width - count :],
+                                        [count - n for n in need])  # fmt: skip
+            fresh = torch.tensor([n > 0 for n in need], device=hidden.device).view(-1, 1, 1)
+            state = self._state
+            self._state = hidden[:, -1:] if state is None else torch.where(fresh, hidden[:, -1:],
+                                                                           state)  # fmt: skip
         return self._state is not None
 
-    def _step(
-        self, state: torch.Tensor, token: torch.Tensor, ctx: DraftContext, column: int
+    def _read_columns(
+        self, features: torch.Tensor, tokens: torch.Tensor, dead: Sequence[int]
     ) -> torch.Tensor:
-        """Read its own ``state`` with the drafted ``token`` at draft column ``column``."""
-        return feature_hidden(self.draft, state, token, **self._inputs(ctx, column, 1))
-
-    def _inputs(self, ctx: DraftContext, start: int, length: int) -> dict[str, Any]:
-        positions = ctx.padding.position_ids(start, length)
+        """One draft forward of (state, token) pairs (B, n), the first ``dead[b]`` dead in row
+        b (``RowLayout.plan``); its final hidden states (B, n, d)."""
+        rows = self._rows
+        if rows.width == 0:
+            self._cache = new_cache(self.draft)  # no empty tensor of an earlier batch size stays
+        positions, alive, mask = rows.plan(dead, tokens.shape[1], tokens.device)
         limit = getattr(self.draft.config, "max_position_embeddings", None)
         if limit is not None:
             positions = positions.clamp_max(int(limit) - 1)  # (as CausalLM does)
@@ -167,31 +196,66 @@ class FeatureDrafter(Drafter):
             "use_cache": True,
             "position_ids": positions,
         }
-        mask = ctx.padding.attention_mask(start + length)
         if mask is not None:
             kwargs["attention_mask"] = mask
-        return kwargs
+        hidden = feature_hidden(self.draft, features, tokens, **kwargs)
+        rows.append(alive, [tokens.shape[1] - d for d in dead])
+        return hidden
 
     def _drop_drafted(self) -> None:
         if self._drafted:
             crop_cache(self._cache, self._drafted)
+            self._rows.crop(self._drafted)
+            self._rows.lengths = [n - self._drafted for n in self._rows.lengths]
             self._drafted = 0
+
+    def _tidy(self, dead: int) -> None:
+        """Crop ``dead`` trailing columns and pack the rows once enough columns are dead."""
+        rows = self._rows
+        if dead > 0:
+            crop_cache(self._cache, dead)
+            rows.crop(dead)
+        plan = rows.compaction() if rows.alive is not None else None
+        if plan is not None:
+            gather_columns(self._cache, plan[0])
 
     def commit(self, valid: int) -> None:
         """Drop the drafted columns (read from its own states, not the target's)."""
-        if self._cache is None:
+        if self._cache is not None:
+            self._drop_drafted()
+            if self._rows.alive is not None:
+                self._tidy(0)
+
+    def keep_rows(self, lengths: Sequence[int]) -> None:
+        """Drop the drafted columns; row b keeps at most ``lengths[b]`` read columns."""
+        if self._cache is None or self._rows.alive is None:
             return
         self._drop_drafted()
-        if self._read > valid:
-            self.reset()
+        self._tidy(self._rows.keep(lengths))
 
     def select_rows(self, index: torch.Tensor) -> None:
-        """Drop finished rows from the cache."""
-        if self._cache is not None and self._read + self._drafted > 0:
-            select_cache_rows(self._cache, index)
+        """Keep only the batch rows in ``index``."""
+        rows = self._rows
+        if self._cache is None or rows.alive is None:
+            return
+        if rows.width:
+            select_attention_rows(self._cache, index)
+        self._tidy(rows.select(index, index.tolist()))
         if self._state is not None:
             self._state = self._state.index_select(0, index)
 
-    def keep_rows(self, lengths: Sequence[int]) -> None:
-        """Not used: the drafter is not ``shiftable``, so the engine never calls this."""
-        raise RuntimeError("FeatureDrafter runs lockstep batches only (it is not shiftable)")
+    def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
+        """Rows joined the batch: they have read nothing yet (the next round reads their
+        states, which the target keeps for them)."""
+        rows = self._rows
+        if self._cache is None or rows.alive is None:
+            return  # nothing read yet: the first round reads every row
+        joined = RowLayout()
+        joined.start(tokens.shape[0], tokens.device)
+        joined.pad(rows.width)
+        if rows.width:
+            append_zero_rows(self._cache, tokens.shape[0])
+        rows.extend(joined)
+        if self._state is not None:
+            self._state = torch.cat([self._state, self._state.new_zeros(
+                (tokens.shape[0], *self._state.shape[1:]))])  # fmt: skip

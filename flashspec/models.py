@@ -555,13 +555,19 @@ class TargetModel(CausalLM):
         super().__init__(model, name=hub_id, tokenizer=tokenizer, role="target")
         self._feature_hook: Any = None
         self._fresh: list[torch.Tensor] = []
+        # Hidden states, by column of the token matrix (column-aligned caches) or, in a cache
+        # whose rows keep their own columns (``rows``), by each row's own token index, which
+        # stays put when the rows' layout in the token matrix moves.
         self._feature_buffer: torch.Tensor | None = None
-        self._feature_columns = 0
+        self._feature_columns = 0  # column-aligned: columns written
+        self._feature_lengths: list[int] = []  # by row: states written per row
 
     def reset(self) -> None:
         """Start a new generation: empty cache (and no hidden states kept)."""
         super().reset()
+        self._feature_buffer = None
         self._feature_columns = 0
+        self._feature_lengths = []
         self._fresh.clear()
 
     def select_rows(self, index: torch.Tensor) -> None:
@@ -569,6 +575,34 @@ class TargetModel(CausalLM):
         super().select_rows(index)
         if self._feature_buffer is not None:
             self._feature_buffer = self._feature_buffer.index_select(0, index)
+            if self._feature_lengths:
+                self._feature_lengths = [self._feature_lengths[i] for i in index.tolist()]
+
+    def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
+        """New rows join the batch (``CausalLM.add_rows``), with the hidden states of what is
+        read of them now."""
+        if self._feature_hook is None:
+            super().add_rows(tokens, padding)
+            return
+        self._fresh.clear()
+        super().add_rows(tokens, padding)
+        rows, width = tokens.shape[0], tokens.shape[1] - 1  # all but each row's newest read
+        hidden = self._take_fresh()
+        if self._feature_buffer is None:
+            return  # nothing kept yet: the next verification reads every row
+        buffer = self._feature_buffer
+        lengths = [0] * rows
+        joined = buffer.new_zeros((rows, 0, buffer.shape[2]))
+        if hidden is not None:
+            lengths = [max(width - left, 0) for left in padding.lefts]
+            joined = buffer.new_zeros((rows, max(lengths), buffer.shape[2]))
+            for row, n in enumerate(lengths):
+                joined[row, :n] = hidden[row, hidden.shape[1] - n :]
+        buffer = self._grown(buffer, joined.shape[1])
+        room = buffer.new_zeros((rows, buffer.shape[1], buffer.shape[2]))
+        room[:, : joined.shape[1]] = joined[:, : buffer.shape[1]]
+        self._feature_buffer = torch.cat([buffer, room])
+        self._feature_lengths = [*self._feature_lengths, *lengths]
 
     def verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
         """Score the committed tokens the cache lacks (of ``tokens`` (B, L)) plus the drafts in
@@ -584,8 +618,14 @@ class TargetModel(CausalLM):
         if self._feature_hook is None:
             return self._verify(tokens, drafts, padding)
         self._fresh.clear()
+        if self.rows is None:
+            logits = self._verify(tokens, drafts, padding)
+            self._keep_features(tokens.shape[1] + drafts.shape[1])
+            return logits
+        held = self.rows.lengths or [0] * tokens.shape[0]
+        counts = [tokens.shape[1] - left for left in padding.lefts]  # each row's tokens
         logits = self._verify(tokens, drafts, padding)
-        self._keep_features(tokens.shape[1] + drafts.shape[1])
+        self._keep_row_features(counts, held, drafts.shape[1])
         return logits
 
     def _verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
@@ -630,29 +670,71 @@ class TargetModel(CausalLM):
     def _record_features(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._fresh.append(output if isinstance(output, torch.Tensor) else output[0])
 
-    def _keep_features(self, end: int) -> None:
-        """Verification's forwards read the last columns up to ``end`` (of the committed tokens
-        followed by the drafts): write their states there."""
-        hidden = self._fresh[0] if len(self._fresh) == 1 else torch.cat(self._fresh, dim=1)
-        self._fresh.clear()
-        start = end - hidden.shape[1]
+    def _take_fresh(self) -> torch.Tensor | None:
+        fresh, self._fresh = self._fresh, []
+        if not fresh:
+            return None
+        return fresh[0] if len(fresh) == 1 else torch.cat(fresh, dim=1)
+
+    def _buffer_for(self, hidden: torch.Tensor, end: int) -> torch.Tensor:
+        """The buffer, with room for ``end`` states per row of ``hidden``'s batch."""
         buffer = self._feature_buffer
-        if buffer is None or buffer.shape[0] != hidden.shape[0] or buffer.shape[1] < end:
-            # Doubling, so that a long generation copies its states a logarithmic number of times.
-            grown = hidden.new_empty((hidden.shape[0], max(2 * end, 64), hidden.shape[2]))
-            if buffer is not None and buffer.shape[0] == hidden.shape[0] and start > 0:
-                grown[:, :start] = buffer[:, :start]
-            buffer = self._feature_buffer = grown
-        buffer[:, start:end] = hidden
+        if buffer is None or buffer.shape[0] != hidden.shape[0]:
+            buffer = hidden.new_zeros((hidden.shape[0], max(2 * end, 64), hidden.shape[2]))
+        self._feature_buffer = buffer = self._grown(buffer, end)
+        return buffer
+
+    @staticmethod
+    def _grown(buffer: torch.Tensor, end: int) -> torch.Tensor:
+        """``buffer`` with room for ``end`` states per row; it doubles, so that a long
+        generation copies its states a logarithmic number of times."""
+        if buffer.shape[1] >= end:
+            return buffer
+        grown = buffer.new_zeros((buffer.shape[0], max(2 * end, 64), buffer.shape[2]))
+        grown[:, : buffer.shape[1]] = buffer
+        return grown
+
+    def _keep_features(self, end: int) -> None:
+        """Column-aligned: verification's forwards read the last columns up to ``end`` (of the
+        committed tokens followed by the drafts); write their states there."""
+        hidden = self._take_fresh()
+        assert hidden is not None
+        buffer = self._buffer_for(hidden, end)
+        buffer[:, end - hidden.shape[1] : end] = hidden
         self._feature_columns = end
 
-    @property
-    def features(self) -> torch.Tensor | None:
-        """(B, n, hidden) final hidden states of the first n columns the target has read (n at
-        least every committed column but the newest after a round), or None before any."""
+    def _keep_row_features(self, counts: list[int], held: list[int], drafts: int) -> None:
+        """Rows with their own columns: row b held ``held[b]`` of its ``counts[b]`` tokens, so
+        the forward read its tokens from there on, then the drafts, at the rectangle's right
+        end (``CausalLM.feed``)."""
+        hidden = self._take_fresh()
+        assert hidden is not None
+        ends = [n + drafts for n in counts]
+        buffer = self._buffer_for(hidden, max(ends))
+        for row, (n, h, end) in enumerate(zip(counts, held, ends, strict=True)):
+            read = end - min(h, n)
+            buffer[row, end - read : end] = hidden[row, hidden.shape[1] - read :]
+        self._feature_lengths = ends
+
+    def feature_counts(self, padding: Padding) -> list[int] | None:
+        """How many of each row's first tokens have their hidden state kept (at least all its
+        committed tokens but the newest after a round), or None before any."""
         if self._feature_buffer is None:
             return None
-        return self._feature_buffer[:, : self._feature_columns]
+        if self.rows is None:
+            return [self._feature_columns - left for left in padding.lefts]
+        return list(self._feature_lengths)
+
+    def gather_features(self, index: torch.Tensor, padding: Padding) -> torch.Tensor:
+        """(B, n, hidden): row b's hidden states at its token indices ``index[b]`` (B, n) (a
+        row's first token has index 0; indices past ``feature_counts`` are not its states)."""
+        buffer = self._feature_buffer
+        if buffer is None:
+            raise RuntimeError(f"{self.name}: no hidden states kept yet (track_features)")
+        if self.rows is None:
+            index = index + torch.tensor(padding.lefts, device=index.device).unsqueeze(1)
+        index = index.clamp(0, buffer.shape[1] - 1)
+        return buffer.gather(1, index.unsqueeze(-1).expand(-1, -1, buffer.shape[2]))
 
     def commit(self, tokens: torch.Tensor, padding: Padding) -> None:
         """After a round, hold every committed token of ``tokens`` (B, L) but the newest.

@@ -216,13 +216,10 @@ class EngineOptions:
         draft: str | None = self.draft
         if draft is None and self.drafter != "prompt-lookup" and self.target == DEMO_NAME:
             draft = DEMO_DRAFT_NAME
-        # The draft flashspec ships for a named target, loaded once the target is. It runs
-        # batches in lockstep (it reads the target's states by column), so the server takes it
-        # only when asked (--drafter model) and keeps its continuous batching otherwise.
+        # The draft flashspec ships for a named target, loaded once the target is.
         shipped = (
             draft is None
             and self.drafter != "prompt-lookup"
-            and (not long_lived or self.drafter == "model")
             and bundled_draft(self.target) is not None
         )
         if draft is None and self.drafter == "model" and not shipped:

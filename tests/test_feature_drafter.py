@@ -16,7 +16,13 @@ import torch
 from conftest import build_llama
 from test_engine_distribution import PROMPT, VOCAB, chi_squared, exact, models, sample_two
 
-from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
+from flashspec import (
+    BanditConfig,
+    FlashSpecConfig,
+    SamplingConfig,
+    SpeculativeEngine,
+    TargetModel,
+)
 from flashspec.drafters import ModelDrafter
 from flashspec.engine.loop import RoundView
 from flashspec.feature_drafter import FeatureDrafter
@@ -53,27 +59,33 @@ def states_checker(engine: SpeculativeEngine, target: Any) -> tuple[Any, list[in
     checked = [0]
 
     def check(view: RoundView) -> None:
-        kept = engine.target.features
-        if kept is None:
+        counts = engine.target.feature_counts(view.padding)
+        if counts is None:
             return
         known = view.tokens.shape[1] - 1
+        index = torch.arange(known).expand(view.tokens.shape[0], -1)
+        kept = engine.target.gather_features(index, view.padding)  # by each row's own index
         for row, left in enumerate(view.padding.lefts):
+            assert counts[row] >= known - left
+            if known - left < 1:
+                continue  # a one-token prompt that joined: no state to read yet
             with torch.inference_mode():
                 reference = target.model(input_ids=view.tokens[row : row + 1, left:known])
             want = reference.last_hidden_state[0]
-            torch.testing.assert_close(kept[row, left:known], want, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(kept[row, : known - left], want, atol=1e-4, rtol=1e-4)
         checked[0] += 1
 
     return check, checked
 
 
-def test_the_states_the_target_keeps_are_its_own_at_every_round() -> None:
+@pytest.mark.parametrize("batching", ["ragged", "lockstep"])
+def test_the_states_the_target_keeps_are_its_own_at_every_round(batching: Any) -> None:
     """Each round, the states the drafter reads (every committed column but the newest) equal
     a fresh full forward of the target over each row's committed tokens."""
     target = build_llama(0, init_range=0.3)
     vocab = target.config.vocab_size
     engine = SpeculativeEngine(
-        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3), batching=batching),
         [FeatureDrafter(feature_draft(target, list(range(0, vocab, 2))))],
         TargetModel("tiny", model=target),
     )
@@ -210,7 +222,7 @@ def test_each_round_drafts_what_the_draft_computes_on_the_whole_sequence() -> No
 
     def check(view: RoundView) -> None:
         nonlocal checked
-        if engine.target.features is None:
+        if engine.target.feature_counts(view.padding) is None:
             return
         seen.clear()
         proposal = drafter.propose(engine._draft_context(view._gen, drafter), 3)
@@ -259,3 +271,116 @@ def test_rounds_of_other_arms_keep_the_states_it_reads() -> None:
     assert result.tokens[0] == hf_greedy(target, prompt, 40)[: len(result.tokens[0])]
     assert len(result.tokens[0]) == 40 and checked[0] > 5
     assert len(result.stats.arm_rounds) >= 2, result.stats.arm_rounds
+
+
+def mimic_draft(target: Any) -> torch.nn.Module:
+    """A features draft of a one-layer ``target`` that is nearly that target reading the
+    tokens (its layer and norm; the fuse passes the embedding through, plus a little of the
+    feature): it drafts mostly what the target would. Often right, not always, so rows commit
+    different counts, and the states it reads and its attention over its own cache decide its
+    drafts."""
+    draft: Any = feature_draft(target, list(range(target.config.vocab_size)))
+    width = target.config.hidden_size
+    with torch.no_grad():
+        draft.fuse.proj.weight[:, :width] *= 0.1
+        draft.fuse.proj.weight[:, width:] = torch.eye(width)
+        draft.fuse.proj.bias.zero_()
+        draft.fuse.proj.bias.zero_()
+        draft.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    module: torch.nn.Module = draft
+    return module
+
+
+def test_ragged_rows_and_rows_that_join_keep_their_own_states() -> None:
+    """Ragged batches (rows commit their own counts, rows join a running generation): every
+    round the states each row reads are the target's own over that row's tokens, each row's
+    first draft is what the draft computes over that row alone, and every row's tokens equal
+    HF greedy decoding of its prompt alone."""
+    from flashspec.shared_head import feature_hidden
+
+    target = build_llama(0, layers=1, init_range=0.3)
+    drafter = FeatureDrafter(mimic_draft(target))
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3), bandit=BanditConfig(batches="fixed"))
+    engine = SpeculativeEngine(config, [drafter], TargetModel("tiny", model=target))
+    check, checked = states_checker(engine, target)
+    engine.before_round.append(check)
+    seen: list[torch.Tensor] = []
+    real = drafter.draft.lm_head.forward
+
+    def spy(hidden: torch.Tensor) -> torch.Tensor:
+        seen.append(hidden.clone())
+        logits: torch.Tensor = real(hidden)
+        return logits
+
+    drafter.draft.lm_head.forward = spy
+    uneven, drafted = [0], [0]
+    before: list[int] = []
+
+    def watch(view: RoundView) -> None:
+        nonlocal before
+        width, lefts = view.tokens.shape[1], view.padding.lefts
+        lengths = [width - left for left in lefts]
+        if len(lengths) == len(before):
+            # Rows that gained different counts in the last round: a ragged commit.
+            uneven[0] += len({a - b for a, b in zip(lengths, before, strict=True)}) > 1
+        before = lengths
+        seen.clear()
+        drafter.propose(engine._draft_context(view._gen, drafter), 2)
+        drafter.keep_rows([width - 1 - left for left in lefts])
+        if not seen:
+            return  # a row without states yet: no drafts this round
+        drafted[0] += 1
+        for row, left in enumerate(lefts):
+            tokens = view.tokens[row : row + 1, left:]
+            with torch.inference_mode():
+                states = target.model(input_ids=tokens).last_hidden_state
+                alone = feature_hidden(drafter.draft, states[:, :-1], tokens[:, 1:])[:, -1]
+            torch.testing.assert_close(seen[0][row, -1:], alone, atol=1e-4, rtol=1e-4)
+
+    engine.before_round.append(watch)
+    first = [[1, 5, 9, 13, 7, 22, 31], [4, 8, 15]]
+    later = [[3, 3, 7, 12, 30, 2, 9, 9, 40, 11], [6], [17, 2, 5]]
+    stream = engine.stream(first, max_new_tokens=18, ignore_eos=True)
+    assert stream.joinable
+    outputs: dict[int, list[int]] = {}
+    prompts = dict(enumerate(first))
+    rounds = 0
+    for chunk in stream:
+        outputs.setdefault(chunk.row, []).extend(chunk.token_ids)
+        if chunk.row == 0:
+            rounds += 1
+            if rounds <= len(later):
+                prompts[stream.join(later[rounds - 1], 18)] = later[rounds - 1]
+    assert stream.result is not None and len(outputs) == 5
+    assert checked[0] >= 8 and drafted[0] >= 5 and uneven[0] >= 2, (checked, drafted, uneven)
+    assert stream.result.stats.accepted > 0
+    for row, prompt in prompts.items():
+        reference = hf_greedy(target, prompt, 18)  # (which stops at EOS)
+        assert len(outputs[row]) == 18 and outputs[row][: len(reference)] == reference, row
+
+
+def test_a_column_aligned_target_keeps_its_states_by_column() -> None:
+    """A sliding-window target keeps its cache column-aligned (no per-row layout): its states
+    are kept by column of the token matrix, and the drafter reads the same ones."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(4)
+    config = MistralConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, initializer_range=0.3,
+    )  # fmt: skip
+    target: Any = MistralForCausalLM(config).eval()
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        [FeatureDrafter(feature_draft(target, list(range(0, 64, 2))))],
+        TargetModel("mistral-tiny", model=target),
+    )
+    check, checked = states_checker(engine, target)
+    engine.before_round.append(check)
+    prompts = [[1, 5, 9, 13, 7, 22, 31, 40, 2, 17, 3], [4, 8, 15]]
+    result = engine.generate(prompts, max_new_tokens=20, ignore_eos=True)
+    assert engine.target.rows is None and checked[0] >= 10
+    for prompt, tokens in zip(prompts, result.tokens, strict=True):
+        reference = hf_greedy(target, prompt, 20)
+        assert tokens[: len(reference)] == reference
