@@ -838,16 +838,45 @@ def smollm2_draft_section(data: dict[str, Any]) -> str:
             keys = ["greedy_agreement", *later]
             return " / ".join(f"{result[k]:.3f}" for k in keys if k in result)
 
+        earlier = card.get("init") or {}
+        steps_all = card["steps"] + earlier.get("steps", 0)
+        wall_all = card["wall_s"] + earlier.get("wall_s", 0.0)
+        seen_all = card["data"]["tokens_seen"] + earlier.get("tokens_seen", 0)
+        went_on = (
+            f" (this run went on from an earlier draft's {earlier['steps']} steps and "
+            f"{earlier['wall_s'] / 60:.0f} min: {card['steps']} steps, "
+            f"{card['wall_s'] / 60:.0f} min here)"
+            if earlier
+            else ""
+        )
+        kinds = card["data"].get("chat_prompts") or {}
+        prompts = (
+            "; chat prompts: " + ", ".join(f"{n} {k.replace('_', '-')}" for k, n in kinds.items())
+            if kinds
+            else ""
+        )
         lines += [
             "",
             f"The draft's card (`flashspec/drafts/smollm2/card.json`): {card['layers']} layer, "
-            f"reads {card['reads']}, {card['subset_tokens']} tokens; {card['steps']} steps in "
-            f"{card['wall_s'] / 60:.0f} min ({card['dtype']}), "
-            f"{card['data']['tokens_seen']:,} tokens seen. Held-out greedy agreement with the "
+            f"reads {card['reads']}, {card['subset_tokens']} tokens; {steps_all} steps in "
+            f"{wall_all / 60:.0f} min of training in all{went_on} ({card['dtype']}), "
+            f"{seen_all:,} tokens seen{prompts}. Held-out greedy agreement with the "
             f"target, teacher-forced, drafts 1 / 2 / 3: code {steps(held)}"
             + (f", chat {steps(chat)}" if chat else "")
             + f". One draft step costs {costs['draft_over_target']:.3f} of a target step "
             f"({costs['draft_step_ms']:.1f} ms against {costs['target_step_ms']:.1f} ms).",
+        ]
+    measured = data.get("costs") or {}
+    if measured:
+        lines += [
+            "",
+            "Step costs in this run (one decode step each, timed alternately, medians): "
+            + "; ".join(
+                f"{dtype}: the draft {c['draft_step_ms']:.2f} ms, the target "
+                f"{c['target_step_ms']:.2f} ms, {c['draft_over_target']:.3f} of a target step"
+                for dtype, c in measured.items()
+            )
+            + ".",
         ]
     return "\n".join(lines)
 

@@ -27,6 +27,10 @@ Methods, run on each prompt one after another in a rotating order, after an unti
 HF assisted generation is not among them: the shipped draft reads the target's hidden states,
 so it has no standalone form an ``assistant_model`` could take.
 
+Step costs (``costs``): per dtype, one decode step of the target (one token after a 64-token
+prompt, on its cache) against one draft step (the draft's head and one layer on its own
+state), timed alternately, medians of ``COST_REPEATS``.
+
 Greedy rows are checked token for token against HF greedy of the same dtype (a tie at the
 first difference, within the dtype's rounding, counts as equal: ``flashspec._greedy``).
 
@@ -47,11 +51,14 @@ from typing import Any
 
 import torch
 
+from flashspec._compat import ForwardSignature, new_cache
 from flashspec._greedy import compare_greedy
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
+from flashspec.feature_drafter import FeatureDrafter
 from flashspec.loading import bundled_draft
 from flashspec.options import EngineOptions
+from flashspec.shared_head import feature_hidden
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHAT_PROMPTS = (
@@ -166,6 +173,41 @@ class Methods:
         return tokens
 
 
+COST_REPEATS = 48
+
+
+@torch.inference_mode()
+def step_costs(methods: Methods, ids: list[int]) -> dict[str, dict[str, float]]:
+    """Per dtype: the target's and the draft's one-token step (ms, medians) and their ratio."""
+    out: dict[str, dict[str, float]] = {}
+    for name, engine in methods.engines.items():
+        if not name.startswith("fs_draft"):
+            continue
+        drafter = next(d for d in engine.drafters if isinstance(d, FeatureDrafter))
+        draft, model = drafter.draft, engine.target.model
+        prompt = torch.tensor([ids[:64]], dtype=torch.int64)
+        target_cache = {ForwardSignature.of(model).cache_arg: new_cache(model)}
+        hidden = model.model(input_ids=prompt, **target_cache, use_cache=True).last_hidden_state
+        token = model.lm_head(hidden[:, -1:]).argmax(-1)
+        draft_cache = {ForwardSignature.of(draft).cache_arg: new_cache(draft)}
+        state = feature_hidden(draft, hidden[:, :-1], prompt[:, 1:], **draft_cache)[:, -1:]
+        target_ms: list[float] = []
+        draft_ms: list[float] = []
+        for _ in range(COST_REPEATS):
+            start = time.perf_counter()
+            model(input_ids=token, **target_cache, use_cache=True)
+            target_ms.append((time.perf_counter() - start) * 1e3)
+            start = time.perf_counter()
+            drafted = draft.lm_head(state).argmax(-1)
+            state = feature_hidden(draft, state, drafted, **draft_cache)
+            draft_ms.append((time.perf_counter() - start) * 1e3)
+        t, d = statistics.median(target_ms), statistics.median(draft_ms)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        out[dtype] = {"target_step_ms": round(t, 3), "draft_step_ms": round(d, 3),
+                      "draft_over_target": round(d / t, 4)}  # fmt: skip
+    return out
+
+
 def baseline(method: str) -> str:
     """What a method's speedup is measured against: HF of the same dtype and decoding."""
     kind = "hf_sample" if method.endswith(("sample", "sample_bf16")) else "hf_greedy"
@@ -249,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = chat_ids(methods.tokenizer, chosen[0])
     for name in methods.names():
         methods.run(name, warm, 8)
+    costs = step_costs(methods, warm)
     records = measure(methods, chosen, args.max_new_tokens)
     summary = {
         workload: summarise([r for r in records if r["workload"] == workload])
@@ -272,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         },
         "draft_card": json.loads(card_path.read_text()) if card_path.exists() else None,
+        "costs": costs,
         "summary": summary,
         "prompts": records,
         "wall_seconds": round(time.perf_counter() - began, 1),
@@ -287,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{name:16s} {row['speedup_median']:.3f}x vs {row['baseline']}"
                   f" ({row['tokens_per_second_median']} tok/s){extra}")  # fmt: skip
+    for dtype, cost in costs.items():
+        print(f"step cost {dtype}: draft {cost['draft_step_ms']} ms / target "
+              f"{cost['target_step_ms']} ms = {cost['draft_over_target']}")  # fmt: skip
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -1,15 +1,26 @@
 """Chat data for ``train_draft.py``: the target's own answers to instruction prompts made here.
 
-The prompts are templates filled with topics written for this project (no dataset, no
-HumanEval): programming requests, explanations and everyday questions. The target answers each
-greedily under its chat template, in batches, and the token ids (prompt and answer) are what
-the draft trains on. ``held_out(prompt)`` splits them by a hash of the prompt.
+Three kinds of prompt, none from a dataset and none from HumanEval:
+
+- ``prompts()``: templates filled with topics written for this project (programming requests,
+  explanations, everyday questions);
+- ``self_instruct()``: requests the target writes itself, sampled from its chat template's
+  opening up to the user's turn (the idea of Magpie, Xu et al. 2024), some started with a few
+  words that steer them towards code; far more varied than the templates;
+- ``completion_prompts()``: "complete this function" requests built from the signatures and
+  docstrings of functions in the Python standard library's source.
+
+The target answers each greedily under its chat template, in batches, and the token ids (prompt
+and answer) are what the draft trains on. ``held_out(prompt)`` splits them by a hash of the
+prompt.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import itertools
+import random
 import sys
 from typing import Any
 
@@ -99,6 +110,85 @@ def prompts() -> list[str]:
     code = [t.format(task=task) for t, task in itertools.product(CODE_TEMPLATES, CODE_TASKS)]
     topic = [t.format(topic=name) for t, name in itertools.product(TOPIC_TEMPLATES, TOPICS)]
     return code + topic
+
+
+SELF_INSTRUCT_OPENINGS = ("", "", "", "Write a Python", "How do I", "Can you write a function")
+"""Words a self-instructed request starts with, one per batch in turn ("": the target's own
+choice)."""
+COMPLETION_TEMPLATES = (
+    "Complete this Python function:\n```python\n{code}```",
+    "Finish the implementation of this function:\n```python\n{code}```",
+    "Write the body of this Python function.\n\n```python\n{code}```",
+)
+
+
+@torch.inference_mode()
+def self_instruct(
+    target: Any, tokenizer: Any, count: int, seed: int = 0, max_new_tokens: int = 64,
+    batch: int = 32,
+) -> list[str]:  # fmt: skip
+    """``count`` distinct user requests written by the target: its chat template up to the
+    user's text, then sampled (temperature 1, top-p 0.98) until the end of the turn; requests cut
+    off by ``max_new_tokens`` are dropped."""
+    marker = "\x00"
+    ids, _ = chat_ids(tokenizer, marker)
+    text = tokenizer.decode(ids)
+    opening = text[: text.index(marker)]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if not isinstance(end, int) or end == tokenizer.unk_token_id:
+        end = tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    found: dict[str, None] = {}
+    bar = tqdm(total=count, desc="self-instruct", unit="prompt", file=sys.stderr)
+    for turn in itertools.count():
+        if len(found) >= count:
+            break
+        start = SELF_INSTRUCT_OPENINGS[turn % len(SELF_INSTRUCT_OPENINGS)]
+        head = tokenizer(opening + start, add_special_tokens=False)["input_ids"]
+        inputs = torch.tensor([head] * batch)
+        generated = target.generate(
+            inputs, attention_mask=torch.ones_like(inputs),
+            do_sample=True, temperature=1.0, top_p=0.98, top_k=None, max_new_tokens=max_new_tokens,
+            eos_token_id=end, pad_token_id=end,
+        )  # fmt: skip
+        for row in generated[:, len(head) :].tolist():
+            if end not in row:
+                continue
+            request = (start + tokenizer.decode(row[: row.index(end)])).strip()
+            if len(request) >= 12 and request not in found and len(found) < count:
+                found[request] = None
+                bar.update(1)
+    bar.close()
+    return list(found)
+
+
+def completion_prompts(texts: list[str], count: int, seed: int = 0) -> list[str]:
+    """Up to ``count`` requests to complete a standard-library function, each its signature and
+    docstring (functions of at most 40 lines whose docstring has at least 40 characters)."""
+    found: list[str] = []
+    for text in texts:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if doc is None or len(doc) < 40 or node.end_lineno is None:
+                continue
+            if node.end_lineno - node.lineno > 40 or node.col_offset:
+                continue
+            body = node.body[0]
+            if body.end_lineno is None:
+                continue
+            code = "\n".join(lines[node.lineno - 1 : body.end_lineno]) + "\n"
+            found.append(code)
+    rng = random.Random(seed)
+    rng.shuffle(found)
+    return [COMPLETION_TEMPLATES[i % len(COMPLETION_TEMPLATES)].format(code=code)
+            for i, code in enumerate(found[:count])]  # fmt: skip
 
 
 def held_out(prompt: str, fraction: float = 0.1) -> bool:

@@ -5,12 +5,16 @@ the target's own embedding, drafting over the target's head rows for the K most 
     python scripts/train_draft.py --target smollm2 --out runs/smollm2-draft --minutes 110
     python scripts/train_draft.py --target smollm2 --out runs/smollm2-draft --minutes 110  # resumes
     python scripts/train_draft.py --target smollm2 --out /tmp/draft --minutes 2 --quick    # smoke
+    python scripts/train_draft.py --target smollm2 --out runs/more --minutes 40 \
+        --init flashspec/drafts/smollm2          # go on from a saved draft (new optimiser)
 
 Data: the Python standard library's source (the running interpreter's ``Lib/``, tests and
 site-packages left out; the split of ``train_demo_pair.py``: about 5% of the files held out by a
 hash of their path), and the target's own greedy answers to the instruction prompts of
-``draft_chat_data.py`` (generated once into ``--out``; ``--chat-repeat`` times in the stream;
-about 10% of the prompts held out by a hash). No HumanEval. The vocabulary subset is the K most
+``draft_chat_data.py``: its templates, ``--self-instruct`` requests the target writes itself and
+``--completions`` requests to complete standard-library functions (generated once into
+``--out``, answers reused by prompt; ``--chat-repeat`` times in the stream; about 10% of the
+prompts held out by a hash). No HumanEval. The vocabulary subset is the K most
 frequent tokens of that stream plus the tokenizer's special tokens.
 
 Loss: KL(target || draft) over the subset, the target's next-token distribution renormalised
@@ -59,6 +63,7 @@ from flashspec.shared_head import (
     build_shared_head_draft,
     draft_input,
     feature_hidden,
+    load_shared_head_draft,
     own_state,
     save_shared_head_draft,
 )
@@ -88,23 +93,46 @@ def spaced_windows(stream: torch.Tensor, span: int) -> torch.Tensor:
     return torch.stack([stream[i * stride : i * stride + span] for i in range(count)])
 
 
-def chat_data(args: argparse.Namespace, target: Any, tokenizer: Any) -> tuple[Any, Any]:
-    """The chat conversations (train, held out), generated once into ``args.out``."""
+def chat_prompts(
+    args: argparse.Namespace, target: Any, tokenizer: Any, code: list[str], saved: dict[str, Any]
+) -> dict[str, list[str]]:
+    """The prompts of each kind (``saved``'s when it has as many of that kind)."""
+    templated = draft_chat_data.prompts()
+    if args.quick:
+        templated = templated[:: max(1, len(templated) // 24)]
+    kinds = dict(saved.get("kinds", {}))
+    kinds["templates"] = templated
+    wanted = min(args.self_instruct, 8) if args.quick else args.self_instruct
+    if len(kinds.get("self_instruct", [])) != wanted:
+        kinds["self_instruct"] = draft_chat_data.self_instruct(
+            target, tokenizer, wanted, seed=args.seed
+        ) if wanted else []  # fmt: skip
+    completions = min(args.completions, 8) if args.quick else args.completions
+    kinds["completions"] = draft_chat_data.completion_prompts(code, completions, args.seed)
+    return kinds
+
+
+def chat_data(
+    args: argparse.Namespace, target: Any, tokenizer: Any, code: list[str]
+) -> tuple[Any, Any, dict[str, int]]:
+    """The chat conversations (train, held out) and the prompts of each kind, generated once
+    into ``args.out`` (a prompt answered before is not answered again)."""
     path = args.out / CHAT
-    if path.exists():
-        saved = json.loads(path.read_text())
-    else:
-        texts = draft_chat_data.prompts()
-        if args.quick:
-            texts = texts[:: max(1, len(texts) // 24)]
-        ids = draft_chat_data.answers(target, tokenizer, texts)
-        saved = {"prompts": texts, "ids": ids}
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    answered = dict(zip(saved.get("prompts", []), saved.get("ids", []), strict=True))
+    kinds = chat_prompts(args, target, tokenizer, code, saved)
+    texts = list(dict.fromkeys(text for group in kinds.values() for text in group))
+    missing = [text for text in texts if text not in answered]
+    if missing or not path.exists():
+        answered.update(zip(missing, draft_chat_data.answers(target, tokenizer, missing),
+                            strict=True))  # fmt: skip
+        saved = {"prompts": texts, "ids": [answered[t] for t in texts], "kinds": kinds}
         args.out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(saved))
-    pairs = list(zip(saved["prompts"], saved["ids"], strict=True))
+    pairs = [(text, answered[text]) for text in texts]
     train = [ids for text, ids in pairs if not draft_chat_data.held_out(text)]
     held = [ids for text, ids in pairs if draft_chat_data.held_out(text)]
-    return train, held
+    return train, held, {kind: len(group) for kind, group in kinds.items()}
 
 
 def subset_ids(stream: torch.Tensor, k: int, special: list[int]) -> list[int]:
@@ -285,6 +313,22 @@ def feature_step_ms(draft: Any, target: Any, prompt: torch.Tensor, reps: int = 1
     return best
 
 
+def init_record(folder: Path | None) -> dict[str, Any] | None:
+    """What a run that went on from ``folder`` started from: that draft's own card's steps,
+    wall time and tokens seen (its training counts towards the whole)."""
+    if folder is None:
+        return None
+    card_path = folder / CARD
+    card = json.loads(card_path.read_text()) if card_path.exists() else {}
+    earlier = card.get("init") or {}
+    return {
+        "from": folder.name,
+        "steps": card.get("steps", 0) + earlier.get("steps", 0),
+        "wall_s": round(card.get("wall_s", 0.0) + earlier.get("wall_s", 0.0), 1),
+        "tokens_seen": card.get("data", {}).get("tokens_seen", 0) + earlier.get("tokens_seen", 0),
+    }
+
+
 def load_target(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     """The target and its tokenizer, by flashspec's names (``smollm2``) or a path."""
     from flashspec.loading import resolve_named
@@ -311,6 +355,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chat-repeat", type=int, default=4,
                         help="times the chat answers appear in the training stream (4; 0: no "
                         "chat data)")  # fmt: skip
+    parser.add_argument(
+        "--self-instruct",
+        type=int,
+        default=640,
+        help="requests the target writes itself for the chat data (640)",
+    )
+    parser.add_argument(
+        "--completions",
+        type=int,
+        default=256,
+        help="requests to complete a standard-library function (256)",
+    )
+    parser.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from this saved shared-head draft (its token subset and "
+        "weights; a new optimiser and schedule) instead of from scratch",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a few files only (smoke runs)")
     return parser.parse_args(argv)
@@ -324,6 +387,7 @@ def train(
     held_texts: list[str],
     chat_train: list[list[int]] | None = None,
     chat_held: list[list[int]] | None = None,
+    chat_kinds: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Distil (or resume distilling) a draft of ``target`` into ``args.out``; returns the card.
 
@@ -344,8 +408,17 @@ def train(
     saved: dict[str, Any] | None = (
         torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
     )
-    ids = saved["ids"] if saved else subset_ids(stream, args.vocab, tokenizer.all_special_ids)
+    start: Any = load_shared_head_draft(args.init, target) if args.init else None
+    if start is not None:
+        ids = [int(i) for i in start.lm_head.ids.tolist()]
+        args.layers, args.reads = start.config.num_hidden_layers, draft_input(start)
+    elif saved:
+        ids = saved["ids"]
+    else:
+        ids = subset_ids(stream, args.vocab, tokenizer.all_special_ids)
     draft = build_shared_head_draft(target, ids, layers=args.layers, reads=args.reads)
+    if start is not None:
+        draft.load_state_dict(own_state(start), strict=False)
     features = args.reads == "features"
     draft.requires_grad_(False)
     names = set(own_state(draft))
@@ -358,13 +431,14 @@ def train(
         opt.load_state_dict(saved["optimizer"])
         step, elapsed, cursor = saved["step"], saved["elapsed_s"], saved["cursor"]
         before, before_chat = saved["before"], saved.get("before_chat")
-    else:
+    elif start is None:
         if features:
             # Its layers start random; the norm maps onto the target's head as the target's does.
             with torch.no_grad():
                 draft.model.norm.load_state_dict(target.model.norm.state_dict())
         else:
             init_from_target(draft, target)
+    if not saved:
         step, elapsed, cursor = 0, 0.0, 0
         before = evaluate(draft, target, eval_windows)
         before_chat = evaluate(draft, target, chat_windows) if chat_windows is not None else None
@@ -443,6 +517,7 @@ def train(
             "train_files": len(train_texts),
             "held_out_files": len(held_texts),
             "code_tokens": int(code.numel()),
+            "chat_prompts": chat_kinds or {},
             "chat_conversations": len(chat_train or []),
             "held_out_chat_conversations": len(chat_held or []),
             "chat_tokens": int(chat.numel()),
@@ -450,6 +525,7 @@ def train(
             "train_tokens": int(stream.numel()),
             "tokens_seen": int(step * args.batch * args.length),
         },
+        "init": init_record(args.init),
         "steps": step,
         "wall_s": round(elapsed, 1),
         "final_train_loss": round(smooth, 4),
@@ -473,8 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     train_texts, held_texts, _ = read_corpus()
     if args.quick:
         train_texts, held_texts = train_texts[:40], held_texts[:4]
-    chat_train, chat_held = chat_data(args, target, tokenizer) if args.chat_repeat else ([], [])
-    card = train(args, target, tokenizer, train_texts, held_texts, chat_train, chat_held)
+    chat_train, chat_held, kinds = (
+        chat_data(args, target, tokenizer, train_texts) if args.chat_repeat else ([], [], {})
+    )
+    card = train(args, target, tokenizer, train_texts, held_texts, chat_train, chat_held, kinds)
     print(json.dumps(card, indent=2))
     return 0
 

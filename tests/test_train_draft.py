@@ -44,7 +44,8 @@ def script() -> Any:
 def settings(out: Path, seconds: float, reads: str = "tokens") -> argparse.Namespace:
     return argparse.Namespace(
         target="tiny", out=out, minutes=seconds / 60, layers=1, vocab=24, length=32, batch=4,
-        lr=3e-3, dtype="float32", seed=0, reads=reads, chat_repeat=1, quick=False,
+        lr=3e-3, dtype="float32", seed=0, reads=reads, chat_repeat=1, quick=False, init=None,
+        self_instruct=0, completions=0,
     )  # fmt: skip
 
 
@@ -108,3 +109,73 @@ def test_unrolled_steps_read_what_a_round_reads() -> None:
             torch.testing.assert_close(p1[:, j], one, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(p2[:, j], two[:, -1], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(p3[:, j], three[:, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_run_goes_on_from_a_saved_draft(tmp_path: Path, char_tokenizer: Any) -> None:
+    """``--init``: the second run starts from the first's saved weights and subset (its held-out
+    score before training is the first's after), and its card counts the first's steps."""
+    train_draft = script()
+    target = build_llama(0, init_range=0.3)
+    first = train_draft.train(settings(tmp_path / "a", 4, "features"), target, char_tokenizer,
+                              TEXTS, HELD)  # fmt: skip
+    args = settings(tmp_path / "b", 2, "tokens")  # the saved draft's kind wins
+    args.init = tmp_path / "a"
+    second = train_draft.train(args, target, char_tokenizer, TEXTS, HELD)
+    assert second["reads"] == "features" and second["subset_tokens"] == first["subset_tokens"]
+    assert second["init"]["steps"] == first["steps"] and second["init"]["from"] == "a"
+    started, ended = second["held_out_before"], first["held_out"]
+    # float16 storage: the same draft to within rounding, far from the untrained one's score.
+    assert abs(started["expected_acceptance_t1"] - ended["expected_acceptance_t1"]) < 0.01
+    assert abs(started["expected_acceptance_t1"]
+               - first["held_out_before"]["expected_acceptance_t1"]) > 0.03  # fmt: skip
+
+
+def test_completion_prompts_give_signature_and_docstring_only() -> None:
+    script()  # puts scripts/ on the path
+    chat_data = importlib.import_module("draft_chat_data")
+    source = (
+        "def _hidden(x):\n    \"\"\"A private helper that is long enough to count here.\"\"\"\n"
+        "    return x\n\n"
+        "def short(x):\n    \"\"\"Too short.\"\"\"\n    return x\n\n"
+        "def scale(values, factor=2):\n"
+        "    \"\"\"Multiply every value by factor and return the new list of values.\"\"\"\n"
+        "    secret_body = [v * factor for v in values]\n    return secret_body\n"
+    )
+    prompts = chat_data.completion_prompts([source, "def broken(:\n"], 10)
+    assert len(prompts) == 1
+    assert "def scale(values, factor=2):" in prompts[0] and "Multiply every value" in prompts[0]
+    assert "secret_body" not in prompts[0] and prompts[0].rstrip().endswith("```")
+
+
+def test_chat_data_answers_each_prompt_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """The chat data is cached in ``--out``: a rerun answers only prompts it has not seen."""
+    train_draft = script()
+    chat_data = importlib.import_module("draft_chat_data")
+    asked: list[str] = []
+
+    def answers(target: Any, tokenizer: Any, texts: list[str]) -> list[list[int]]:
+        asked.extend(texts)
+        return [[len(text), 1] for text in texts]
+
+    def self_instruct(target: Any, tokenizer: Any, count: int, seed: int = 0) -> list[str]:
+        return [f"Request number {i}?" for i in range(count)]
+
+    monkeypatch.setattr(chat_data, "answers", answers)
+    monkeypatch.setattr(chat_data, "self_instruct", self_instruct)
+    source = "".join(
+        f"def f{i}(x):\n    \"\"\"Return x plus {i}, a documented function of the test.\"\"\"\n"
+        f"    return x + {i}\n\n"
+        for i in range(6)
+    )  # fmt: skip
+    args = settings(tmp_path, 1)
+    args.self_instruct, args.completions = 5, 3
+    train, held, kinds = train_draft.chat_data(args, None, None, [source])
+    assert kinds == {"templates": len(chat_data.prompts()), "self_instruct": 5, "completions": 3}
+    assert len(asked) == sum(kinds.values()) == len(train) + len(held) and held
+    asked.clear()
+    assert train_draft.chat_data(args, None, None, [source])[:2] == (train, held)
+    assert asked == []
+    args.completions = 5
+    train_draft.chat_data(args, None, None, [source])
+    assert len(asked) == 2
+    assert all(text.startswith(("Complete", "Finish", "Write")) for text in asked)
