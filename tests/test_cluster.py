@@ -234,10 +234,11 @@ def wait_for_replacement(cluster: Cluster, victim: str) -> set[str]:
 def kill_under_load(
     cluster: Cluster, victim: str, stream: bool, expected: dict[str, str]
 ) -> list[str]:
-    """16 concurrent requests (all streamed or all whole); ``victim`` is killed once it runs a
-    full batch of them. Each request's outcome: ``"ok"`` (equal to the reference) or
-    ``"failed-clean"`` (a 5xx in OpenAI's shape, or a stream cut by an error event after
-    correct text). A hang fails the test at the futures' timeout."""
+    """32 concurrent requests (all streamed or all whole: four batches for each replica, so the
+    victim still has work queued when it dies); ``victim`` is killed once it runs rows of them.
+    Each request's outcome: ``"ok"`` (equal to the reference) or ``"failed-clean"`` (a 5xx in
+    OpenAI's shape, or a stream cut by an error event after correct text). A hang
+    fails the test at the futures' timeout."""
 
     def run(prompt: str) -> str:
         if stream:
@@ -256,8 +257,8 @@ def kill_under_load(
         assert_error(answer, status)
         return "failed-clean"
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(run, prompt) for prompt in PROMPTS + PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(run, prompt) for prompt in PROMPTS * 4]
         # Mid-generation: the victim's last report shows rows of the load running. Not a full
         # batch: a report comes once a second, and on a faster machine a full batch of the demo
         # pair can start and finish between two reports.
@@ -274,19 +275,24 @@ def test_a_replica_killed_mid_load(cluster: Cluster, reference: ServerThread) ->
     first = sorted(cluster.replicas())[0]
     before = ingress_counts(cluster)
     outcomes = kill_under_load(cluster, first, True, expected)
-    # The victim held 4 streams when it died: each ends with an error event, the others finish.
-    assert outcomes.count("failed-clean") >= 4 and outcomes.count("ok") >= 8, outcomes
+    # The streams the victim held when it died (up to a batch: how many depends on when its last
+    # report came) each end with an error event, counted once; the others finish.
+    failed = outcomes.count("failed-clean")
+    assert 1 <= failed <= 4 and outcomes.count("ok") == len(outcomes) - failed, outcomes
     after = ingress_counts(cluster)
     gone = 'flashspec_ingress_failures_total{replica="ingress",reason="replica_gone"}'
-    assert after.get(gone, 0) - before.get(gone, 0) >= 4, after
+    assert after.get(gone, 0) - before.get(gone, 0) == failed, after
 
     second = sorted(wait_for_replacement(cluster, first) - {first})[0]
     retries = 'flashspec_ingress_retries_total{replica="ingress"}'
     before = ingress_counts(cluster)
     outcomes = kill_under_load(cluster, second, False, expected)
-    # Whole answers had sent nothing: the victim's 4 are retried and succeed.
-    assert outcomes == ["ok"] * 16, outcomes
-    assert ingress_counts(cluster).get(retries, 0) - before.get(retries, 0) >= 4
+    # Whole answers had sent nothing: the victim's are retried (a retry that reaches the dead
+    # replica before the router knows counts again) and succeed.
+    assert outcomes == ["ok"] * len(outcomes), outcomes
+    after = ingress_counts(cluster)
+    assert after.get(retries, 0) - before.get(retries, 0) >= 1, after
+    assert after.get(gone, 0) == before.get(gone, 0), after
 
     now = wait_for_replacement(cluster, second)
     seen: set[str] = set()
