@@ -792,6 +792,19 @@ def smollm2_section(
     return "\n".join(lines)
 
 
+DRAFT_METHODS = (
+    "hf_greedy", "hf_greedy_bf16", "hf_sample", "hf_sample_bf16",
+    "fs_draft", "fs_default", "fs_lookup", "fs_sample",
+    "fs_draft_bf16", "fs_default_bf16", "fs_lookup_bf16", "fs_sample_bf16",
+    "llamacpp",
+)  # fmt: skip
+
+
+def _draft_method_rank(name: str) -> int:
+    """A method's row in every workload's table (a run records them in its rotated order)."""
+    return DRAFT_METHODS.index(name) if name in DRAFT_METHODS else len(DRAFT_METHODS)
+
+
 def smollm2_draft_section(data: dict[str, Any]) -> str:
     """``benchmarks/smollm2_draft.py``: the shipped SmolLM2 draft against HF and llama.cpp,
     one table per workload, and what its card says of its training."""
@@ -819,7 +832,7 @@ def smollm2_draft_section(data: dict[str, Any]) -> str:
             "| identity |",
             "|---|---:|---:|---|---:|---:|---|",
         ]
-        for name, row in rows.items():
+        for name, row in sorted(rows.items(), key=lambda item: _draft_method_rank(item[0])):
             ident = row.get("identity")
             identity = ", ".join(f"{v} {k}" for k, v in ident.items() if v) if ident else ""
             accept = row.get("acceptance_rate")
@@ -868,17 +881,42 @@ def smollm2_draft_section(data: dict[str, Any]) -> str:
         ]
     measured = data.get("costs") or {}
     if measured:
-        lines += [
-            "",
-            "Step costs in this run (one decode step each, timed alternately, medians): "
-            + "; ".join(
-                f"{dtype}: the draft {c['draft_step_ms']:.2f} ms, the target "
-                f"{c['target_step_ms']:.2f} ms, {c['draft_over_target']:.3f} of a target step"
-                for dtype, c in measured.items()
-            )
-            + ".",
-        ]
+        lines += ["", _costs_line(measured, s["gamma"], data["summary"])]
     return "\n".join(lines)
+
+
+def _costs_line(costs: dict[str, Any], gamma: int, summary: dict[str, Any]) -> str:
+    """The run's step costs per dtype and, where it measured the verify, the acceptance each
+    speedup goal needs beside what the draft reached."""
+    parts = []
+    for dtype, c in costs.items():
+        text = (
+            f"{dtype}: the draft {c['draft_step_ms']:.2f} ms, the target "
+            f"{c['target_step_ms']:.2f} ms ({c['draft_over_target']:.3f} of a target step)"
+        )
+        if "verify_ms" in c:
+            suffix = "" if dtype == "float32" else "_bf16"
+            reached = ", ".join(
+                f"{workload} {rows['fs_draft' + suffix]['per_draft_acceptance']:.2f}"
+                for workload, rows in summary.items()
+                if rows.get("fs_draft" + suffix, {}).get("per_draft_acceptance") is not None
+            )
+            needs = ", ".join(
+                f"{goal}x needs {'more than 1' if a is None else f'{a:.2f}'}"
+                for goal, a in c["needed_acceptance"].items()
+            )
+            text += (
+                f", a verify of {gamma + 1} tokens {c['verify_ms']:.2f} ms "
+                f"({c['verify_over_target']:.2f} steps): a round of {gamma} drafts costs "
+                f"{c['round_over_target']:.2f} target steps, so per-draft acceptance "
+                f"{needs}" + (f"; the draft alone reached {reached}" if reached else "")
+            )
+        parts.append(text)
+    return (
+        "Step costs in this run (timed alternately, medians; a round yields 1 + a + ... + "
+        f"a^{gamma} tokens at per-draft acceptance a, and its bookkeeping is left out, so what "
+        "a goal needs is a floor): " + "; ".join(parts) + "."
+    )
 
 
 def _load(path: Path) -> Any:

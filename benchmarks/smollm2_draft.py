@@ -28,8 +28,10 @@ HF assisted generation is not among them: the shipped draft reads the target's h
 so it has no standalone form an ``assistant_model`` could take.
 
 Step costs (``costs``): per dtype, one decode step of the target (one token after a 64-token
-prompt, on its cache) against one draft step (the draft's head and one layer on its own
-state), timed alternately, medians of ``COST_REPEATS``.
+prompt, on its cache), its verify of gamma + 1 tokens, and one draft step (the draft's head
+and one layer on its own state), timed alternately, medians of ``COST_REPEATS``; from them a
+round's cost in target steps and the per-draft acceptance a 1.5x or 1.8x speedup needs at that
+cost (a ceiling: the round's bookkeeping is left out).
 
 Greedy rows are checked token for token against HF greedy of the same dtype (a tie at the
 first difference, within the dtype's rounding, counts as equal: ``flashspec._greedy``).
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -51,7 +54,7 @@ from typing import Any
 
 import torch
 
-from flashspec._compat import ForwardSignature, new_cache
+from flashspec._compat import ForwardSignature, crop_cache, new_cache
 from flashspec._greedy import compare_greedy
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
@@ -174,12 +177,35 @@ class Methods:
 
 
 COST_REPEATS = 48
+GOALS = (1.5, 1.8)
+"""Speedups whose break-even acceptance ``step_costs`` reports (the issue's targets)."""
+
+
+def tokens_per_round(alpha: float, gamma: int) -> float:
+    """Expected tokens a round yields when each draft is accepted with probability ``alpha``
+    (given the earlier ones were): 1 + alpha + ... + alpha ** gamma."""
+    return float(sum(alpha**k for k in range(gamma + 1)))
+
+
+def needed_acceptance(goal: float, round_cost: float, gamma: int) -> float | None:
+    """The per-draft acceptance at which ``tokens_per_round / round_cost`` (a round's cost in
+    target steps, overheads left out, so a ceiling) reaches ``goal``; None if even 1.0 does not."""
+    if tokens_per_round(1.0, gamma) < goal * round_cost:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if tokens_per_round(mid, gamma) < goal * round_cost else (low, mid)
+    return math.ceil(high * 1e4) / 1e4  # rounded up: what it reports does reach the goal
 
 
 @torch.inference_mode()
-def step_costs(methods: Methods, ids: list[int]) -> dict[str, dict[str, float]]:
-    """Per dtype: the target's and the draft's one-token step (ms, medians) and their ratio."""
-    out: dict[str, dict[str, float]] = {}
+def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[str, Any]]:
+    """Per dtype: the target's one-token step, its (gamma + 1)-token verify and the draft's
+    one-token step (ms, medians, timed alternately on caches cropped back each time); a
+    round's cost in target steps (verify + gamma drafts) and the acceptance each of ``GOALS``
+    needs at that cost."""
+    out: dict[str, dict[str, Any]] = {}
     for name, engine in methods.engines.items():
         if not name.startswith("fs_draft"):
             continue
@@ -191,20 +217,34 @@ def step_costs(methods: Methods, ids: list[int]) -> dict[str, dict[str, float]]:
         token = model.lm_head(hidden[:, -1:]).argmax(-1)
         draft_cache = {ForwardSignature.of(draft).cache_arg: new_cache(draft)}
         state = feature_hidden(draft, hidden[:, :-1], prompt[:, 1:], **draft_cache)[:, -1:]
+        cache = target_cache[ForwardSignature.of(model).cache_arg]
+        length = cache.get_seq_length()
+        block = token.repeat(1, gamma + 1)
         target_ms: list[float] = []
+        verify_ms: list[float] = []
         draft_ms: list[float] = []
         for _ in range(COST_REPEATS):
             start = time.perf_counter()
             model(input_ids=token, **target_cache, use_cache=True)
             target_ms.append((time.perf_counter() - start) * 1e3)
+            crop_cache(cache, cache.get_seq_length() - length)
+            start = time.perf_counter()
+            model(input_ids=block, **target_cache, use_cache=True)
+            verify_ms.append((time.perf_counter() - start) * 1e3)
+            crop_cache(cache, cache.get_seq_length() - length)
             start = time.perf_counter()
             drafted = draft.lm_head(state).argmax(-1)
             state = feature_hidden(draft, state, drafted, **draft_cache)
             draft_ms.append((time.perf_counter() - start) * 1e3)
-        t, d = statistics.median(target_ms), statistics.median(draft_ms)
+        t, v, d = (statistics.median(x) for x in (target_ms, verify_ms, draft_ms))
+        round_cost = v / t + gamma * d / t
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        out[dtype] = {"target_step_ms": round(t, 3), "draft_step_ms": round(d, 3),
-                      "draft_over_target": round(d / t, 4)}  # fmt: skip
+        out[dtype] = {
+            "target_step_ms": round(t, 3), "verify_ms": round(v, 3), "draft_step_ms": round(d, 3),
+            "draft_over_target": round(d / t, 4), "verify_over_target": round(v / t, 4),
+            "round_over_target": round(round_cost, 4),
+            "needed_acceptance": {str(g): needed_acceptance(g, round_cost, gamma) for g in GOALS},
+        }  # fmt: skip
     return out
 
 
@@ -220,7 +260,8 @@ def measure(methods: Methods, chosen: list[ChatRequest], n: int) -> list[dict[st
     for index, request in enumerate(progress(chosen, desc="prompts", unit="prompt")):
         ids = chat_ids(methods.tokenizer, request)
         order = names[index % len(names) :] + names[: index % len(names)]
-        runs = {name: methods.run(name, ids, n) for name in order}
+        done = {name: methods.run(name, ids, n) for name in order}
+        runs = {name: done[name] for name in names}  # run rotated, recorded in one order
         for run in runs.values():
             run["new_tokens"] = len(run["tokens"])
             run["tokens_per_second"] = len(run["tokens"]) / run["seconds"]
@@ -284,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no shipped smollm2 draft in this flashspec (flashspec/drafts/smollm2)")
         return 2
     began = time.perf_counter()
+    machine = machine_info()  # the load average at the start (write_json adds the end's)
     methods = Methods(args.gamma, ("float32",) if args.no_bf16 else ("float32", "bfloat16"))
     if not args.quick:
         methods.setup_llamacpp()
@@ -291,15 +333,23 @@ def main(argv: list[str] | None = None) -> int:
     warm = chat_ids(methods.tokenizer, chosen[0])
     for name in methods.names():
         methods.run(name, warm, 8)
-    costs = step_costs(methods, warm)
+    costs = step_costs(methods, warm, args.gamma)
     records = measure(methods, chosen, args.max_new_tokens)
     summary = {
         workload: summarise([r for r in records if r["workload"] == workload])
         for workload in dict.fromkeys(r["workload"] for r in records)
     }
+    for rows in summary.values():
+        for name, row in rows.items():
+            if name.startswith("fs_draft") and row.get("tokens_per_round"):
+                # The draft every round at a fixed gamma: the per-draft acceptance its tokens per
+                # round imply, to set beside what each goal needs.
+                row["per_draft_acceptance"] = needed_acceptance(
+                    row["tokens_per_round"], 1.0, args.gamma
+                )
     card_path = folder / "card.json"
     data = {
-        "machine": machine_info(),
+        "machine": machine,
         "kind": "smollm2-draft",
         "settings": {
             "max_new_tokens": args.max_new_tokens,
@@ -333,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                   f" ({row['tokens_per_second_median']} tok/s){extra}")  # fmt: skip
     for dtype, cost in costs.items():
         print(f"step cost {dtype}: draft {cost['draft_step_ms']} ms / target "
-              f"{cost['target_step_ms']} ms = {cost['draft_over_target']}")  # fmt: skip
+              f"{cost['target_step_ms']} ms = {cost['draft_over_target']}; round "
+              f"{cost['round_over_target']} target steps; acceptance needed "
+              f"{cost['needed_acceptance']}")  # fmt: skip
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
