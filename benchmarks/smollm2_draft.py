@@ -56,6 +56,7 @@ import torch
 
 from flashspec._compat import ForwardSignature, crop_cache, new_cache
 from flashspec._greedy import compare_greedy
+from flashspec._linear import untuned
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
 from flashspec.feature_drafter import FeatureDrafter
@@ -153,7 +154,7 @@ class Methods:
             else:
                 model = self.models["bfloat16" if method.endswith("_bf16") else "float32"]
                 sample = method.startswith("hf_sample")
-                with torch.inference_mode():
+                with untuned(model), torch.inference_mode():  # HF's own linear layers
                     out = model.generate(
                         x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=sample,
                         temperature=SAMPLING["temperature"] if sample else None,

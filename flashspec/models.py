@@ -24,6 +24,7 @@ from ._layout import (
     pad_columns,
     shiftable,
 )
+from ._linear import tune_linears
 from ._state import (
     CHECK_TOLERANCE,
     CacheSupport,
@@ -553,6 +554,7 @@ class TargetModel(CausalLM):
             if tokenizer is None and hub_id is not None and os.path.isdir(hub_id):
                 tokenizer = _try_tokenizer(hub_id)
         super().__init__(model, name=hub_id, tokenizer=tokenizer, role="target")
+        tune_linears(self.model)  # verification's few-row products, in the faster form here
         self._feature_hook: Any = None
         self._fresh: list[torch.Tensor] = []
         # Hidden states, by column of the token matrix (column-aligned caches) or, in a cache

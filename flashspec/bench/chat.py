@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .._greedy import compare_greedy
+from .._linear import untuned
 from . import runner
 from .chat_requests import COPY_KINDS as COPY_KINDS
 from .chat_requests import ChatRequest as ChatRequest
@@ -253,7 +254,13 @@ class ChatMethods:
         }
         if method == "hf_lookup":
             kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
-        with runner.forward_counter(model) as calls, quiet_timing(), torch.inference_mode():
+        # HF as users have it: torch's own linear layers, not the target's tuned ones.
+        with (
+            untuned(model),
+            runner.forward_counter(model) as calls,
+            quiet_timing(),
+            torch.inference_mode(),
+        ):
             start = time.perf_counter()
             out = model.generate(x, **kwargs)
             seconds = time.perf_counter() - start
