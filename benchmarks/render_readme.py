@@ -885,6 +885,13 @@ def smollm2_draft_section(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _untuned(cost: dict[str, Any]) -> str:
+    untuned = cost.get("verify_untuned_over_target")
+    if untuned is None or abs(untuned - cost["verify_over_target"]) < 0.005:
+        return ""
+    return f"; {untuned:.2f} with torch's own linear layers"
+
+
 def _costs_line(costs: dict[str, Any], gamma: int, summary: dict[str, Any]) -> str:
     """The run's step costs per dtype and, where it measured the verify, the acceptance each
     speedup goal needs beside what the draft reached."""
@@ -907,8 +914,8 @@ def _costs_line(costs: dict[str, Any], gamma: int, summary: dict[str, Any]) -> s
             )
             text += (
                 f", a verify of {gamma + 1} tokens {c['verify_ms']:.2f} ms "
-                f"({c['verify_over_target']:.2f} steps): a round of {gamma} drafts costs "
-                f"{c['round_over_target']:.2f} target steps, so per-draft acceptance "
+                f"({c['verify_over_target']:.2f} steps{_untuned(c)}): a round of {gamma} drafts "
+                f"costs {c['round_over_target']:.2f} target steps, so per-draft acceptance "
                 f"{needs}" + (f"; the draft alone reached {reached}" if reached else "")
             )
         parts.append(text)

@@ -28,7 +28,8 @@ HF assisted generation is not among them: the shipped draft reads the target's h
 so it has no standalone form an ``assistant_model`` could take.
 
 Step costs (``costs``): per dtype, one decode step of the target (one token after a 64-token
-prompt, on its cache), its verify of gamma + 1 tokens, and one draft step (the draft's head
+prompt, on its cache), its verify of gamma + 1 tokens (and the same with torch's own linear layers,
+``flashspec._linear.untuned``), and one draft step (the draft's head
 and one layer on its own state), timed alternately, medians of ``COST_REPEATS``; from them a
 round's cost in target steps and the per-draft acceptance a 1.5x or 1.8x speedup needs at that
 cost (a ceiling: the round's bookkeeping is left out).
@@ -223,6 +224,7 @@ def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[s
         block = token.repeat(1, gamma + 1)
         target_ms: list[float] = []
         verify_ms: list[float] = []
+        stock_ms: list[float] = []  # the verify with torch's own linear layers (untuned)
         draft_ms: list[float] = []
         for _ in range(COST_REPEATS):
             start = time.perf_counter()
@@ -232,6 +234,11 @@ def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[s
             start = time.perf_counter()
             model(input_ids=block, **target_cache, use_cache=True)
             verify_ms.append((time.perf_counter() - start) * 1e3)
+            crop_cache(cache, cache.get_seq_length() - length)
+            with untuned(model):
+                start = time.perf_counter()
+                model(input_ids=block, **target_cache, use_cache=True)
+                stock_ms.append((time.perf_counter() - start) * 1e3)
             crop_cache(cache, cache.get_seq_length() - length)
             start = time.perf_counter()
             drafted = draft.lm_head(state).argmax(-1)
@@ -244,6 +251,7 @@ def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[s
             "target_step_ms": round(t, 3), "verify_ms": round(v, 3), "draft_step_ms": round(d, 3),
             "draft_over_target": round(d / t, 4), "verify_over_target": round(v / t, 4),
             "round_over_target": round(round_cost, 4),
+            "verify_untuned_over_target": round(statistics.median(stock_ms) / t, 4),
             "needed_acceptance": {str(g): needed_acceptance(g, round_cost, gamma) for g in GOALS},
         }  # fmt: skip
     return out
