@@ -32,13 +32,18 @@ MACHINE = {
 needs_renderer = pytest.mark.skipif(not RENDERER.exists(), reason="no benchmarks/ in this tree")
 
 
+def load_script(path: Path) -> Any:
+    """A script under ``benchmarks/`` as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_renderer() -> Any:
     """``benchmarks/render_readme.py`` as a module."""
-    spec = importlib.util.spec_from_file_location("render_readme", RENDERER)
-    assert spec is not None and spec.loader is not None
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    return render
+    return load_script(RENDERER)
 
 
 def check_missing_model_skipped(

@@ -4,25 +4,19 @@ tables keep one method order whatever order a prompt ran them in."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from bench_helpers import MACHINE, load_renderer
+from bench_helpers import MACHINE, load_renderer, load_script
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "smollm2_draft.py"
 pytestmark = pytest.mark.skipif(not BENCH.is_file(), reason="no benchmarks/ in this tree")
 
 
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("smollm2_draft", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_bench() -> Any:
+    return load_script(BENCH)
 
 
 def closed_form(alpha: float, gamma: int) -> float:

@@ -83,6 +83,7 @@ class Cluster:
             ) from None
         self.port: int = probe.getsockname()[1]
         probe.close()
+        self._any_port = port == 0
         self._started_ray = False
 
     @property
@@ -119,6 +120,12 @@ class Cluster:
                     _node_ip_address="127.0.0.1" if loopback(self.host) else None,
                 )
                 self._started_ray = True
+        if self._any_port:
+            # Any free port: chosen again now that Ray's own processes have bound theirs (one
+            # of them once took the port chosen before ray.init, and the proxy could not bind).
+            probe = bind(self.host, 0)
+            self.port = probe.getsockname()[1]
+            probe.close()
         serve.start(http_options={"host": self.host, "port": self.port})
         serve.run(application(self.settings), name=self.settings.app_name, route_prefix="/")
         return self
