@@ -1,7 +1,7 @@
 """A target's linear layers on the CPU, each taking a few rows in the faster of two forms.
 
 A verification multiplies every weight by a few rows (gamma + 1 tokens a row of the batch).
-In float32 on a CPU, torch's ``x @ W.T`` for 2 to 8 rows can cost as much per row as one row
+In float32 on a CPU, torch's ``x @ W.T`` for 2 to 10 rows can cost as much per row as one row
 does, while the same product taken as ``(W @ x.T).T`` costs little more than one row: which
 form is faster depends on the BLAS and the CPU (docs/engine.md, "Linear layers on the CPU"), so
 ``tune_linears`` times both once per weight shape and row count when a target loads, and a

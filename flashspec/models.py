@@ -534,6 +534,10 @@ class TargetModel(CausalLM):
         model: an already-loaded causal LM; nothing is downloaded.
         tokenizer: the model's tokenizer (loaded from ``hub_id`` when the model is loaded by name,
             or when ``hub_id`` is a local directory).
+
+    A float32 model on the CPU has its large linear layers tuned in place for verification's
+    few-row products (``flashspec._linear``; ``FLASHSPEC_TUNE_LINEAR=0`` leaves them as they
+    are).
     """
 
     def __init__(

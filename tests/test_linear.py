@@ -1,6 +1,7 @@
 """``flashspec._linear``: the transposed form of a few-row product equals a float64 reference,
 the form is chosen per row count by what was timed, and a target whose every layer takes it
-still decodes greedily as HF's ``generate`` does on the untouched model."""
+still decodes greedily as HF's ``generate`` does on the untouched model and samples its
+distribution (chi-squared)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import copy
 from collections.abc import Callable
 
 import pytest
+import test_engine_distribution as distribution
 import torch
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
@@ -105,3 +107,22 @@ def test_a_target_with_every_layer_transposed_decodes_as_hf_greedy(batch: int) -
     assert "mismatch" not in verdicts, verdicts
     assert verdicts.count("tie") <= 1, verdicts
     assert accepted > 0  # verification took several rows: the transposed form ran
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_a_target_with_every_layer_transposed_samples_the_targets_distribution(
+    temperature: float, top_p: float
+) -> None:
+    """Chi-squared of the first two emitted tokens against the exact distributions of the
+    untouched target (``tests/test_engine_distribution.py``'s setup), the verify's rows taking
+    the transposed form."""
+    stock, draft = distribution.models()
+    model = copy.deepcopy(stock)
+    assert tune_linears(model, min_weight=0, timer=_always(set(range(2, 17)))) > 0
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4, temperature=temperature, top_p=top_p))
+    engine = SpeculativeEngine(config, [ModelDrafter(draft)], TargetModel(model=model))
+    first, second = distribution.sample_two(engine, 600, 2, seed=11)  # 2 rows x 5: 10 rows
+    p_first, p_second = distribution.exact(temperature, top_p)
+    for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
+        stat, critical = distribution.chi_squared(counts, p)
+        assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"
