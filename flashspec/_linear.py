@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
+from ._lean import hf_forward
+
 logger = logging.getLogger("flashspec")
 
 TUNED_ROWS = range(2, 11)
@@ -137,13 +139,15 @@ def tune_linears(
 
 @contextlib.contextmanager
 def untuned(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` with torch's own linear layers while inside (benchmarks run HF's ``generate``
-    on a target's weights as HF has them), tuned again after."""
+    """``model`` with torch's own linear layers and transformers' own decoder forward
+    (``flashspec._lean``) while inside (benchmarks run HF's ``generate`` on a target's weights
+    as HF has them), tuned again after."""
     tuned: list[torch.nn.Module] = [m for m in model.modules() if type(m) is TunedLinear]
     for layer in tuned:
         layer.__class__ = torch.nn.Linear
     try:
-        yield model
+        with hf_forward(model):
+            yield model
     finally:
         for layer in tuned:
             layer.__class__ = TunedLinear

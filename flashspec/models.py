@@ -24,6 +24,7 @@ from ._layout import (
     pad_columns,
     shiftable,
 )
+from ._lean import make_lean
 from ._linear import tune_linears
 from ._state import (
     CHECK_TOLERANCE,
@@ -178,6 +179,7 @@ class CausalLM:
                 f"got {type(model).__name__}"
             )
         self.model = model.eval()
+        make_lean(self.model)  # the same operations as transformers', without its call overhead
         self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
         self.tokenizer = tokenizer
         self.signature = ForwardSignature.of(model)

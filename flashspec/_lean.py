@@ -1,0 +1,175 @@
+"""A Llama decoder's forward without the per-module overhead, bitwise equal to transformers'.
+
+On a CPU a small model's step is dominated by Python, not arithmetic: SmolLM2-135M's 30
+layers run ~1,100 torch operations a token, and transformers' module calls, keyword plumbing
+and output-capture decorators around them cost as much again. ``lean_forward`` runs
+the very same operations in the same order on the same tensors (the same mask from
+``create_causal_mask``, the same rotary embedding, ``apply_rotary_pos_emb``, attention
+interface and cache ``update``), called directly rather than through each submodule's
+``__call__``: the logits are bit for bit those of ``LlamaModel.forward`` (tests compare them),
+so greedy identity and exact sampling carry over unchanged.
+
+Only the plain call shape takes this path: anything else (hidden states or attentions asked
+for, embeddings passed in, an unknown keyword, tracing by ``torch.compile``) runs
+transformers' own forward. The final norm stays a module call, so forward hooks on it (the
+features draft reads the target's states there) still fire. ``hf_layers`` (``_linear.untuned``)
+gives a model transformers' forward back while inside, for baselines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+DISABLE_ENV = "FLASHSPEC_LEAN_FORWARD"
+"""Set to ``0`` to keep transformers' own decoder forward."""
+
+_PLAIN_KWARGS = frozenset({"use_cache", "return_dict"})
+
+
+def _rms(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    # LlamaRMSNorm.forward, operation for operation.
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + norm.variance_epsilon)
+    out: torch.Tensor = norm.weight * h.to(dtype)
+    return out
+
+
+class _Transformers:
+    """The names of transformers the lean forward calls, looked up once (None: missing)."""
+
+    def __init__(self) -> None:
+        try:
+            outputs: Any = importlib.import_module("transformers.modeling_outputs")
+            utils: Any = importlib.import_module("transformers.modeling_utils")
+            llama: Any = importlib.import_module("transformers.models.llama.modeling_llama")
+            self.model_class: Any = llama.LlamaModel
+            self.causal_mask: Any = llama.create_causal_mask
+            self.rotary: Any = llama.apply_rotary_pos_emb
+            self.eager: Any = llama.eager_attention_forward
+            self.attention: Any = utils.ALL_ATTENTION_FUNCTIONS
+            self.result: Any = outputs.BaseModelOutputWithPast
+            self.ok = True
+        except (ImportError, AttributeError):  # a release without these names: keep its forward
+            self.ok = False
+
+
+_NAMES: _Transformers | None = None
+
+
+def _names() -> _Transformers:
+    global _NAMES
+    if _NAMES is None:
+        _NAMES = _Transformers()
+    return _NAMES
+
+
+def lean_forward(
+    self: Any,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    inputs_embeds: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``LlamaModel.forward`` for the plain call shape, operation for operation (see the
+    module docstring); any other call runs transformers' own."""
+    t = _names()
+    plain = (
+        input_ids is not None
+        and inputs_embeds is None
+        and cache is not None
+        and kwargs.get("use_cache", True)
+        and _PLAIN_KWARGS.issuperset(kwargs)
+        and not torch.compiler.is_compiling()
+        and not self.training
+    )
+    if not plain:
+        return type(self).forward(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+    assert input_ids is not None
+    embeds = self.embed_tokens(input_ids)
+    if position_ids is None:
+        seen = cache.get_seq_length()
+        position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]
+    mask = t.causal_mask(
+        config=self.config,
+        inputs_embeds=embeds,
+        attention_mask=attention_mask,
+        cache=cache,
+        position_ids=position_ids,
+    )
+    hidden = embeds
+    cos, sin = self.rotary_emb(hidden, position_ids=position_ids)
+    attend = t.attention.get_interface(self.config._attn_implementation, t.eager)
+    shape = hidden.shape[:-1]
+    for layer in self.layers[: self.config.num_hidden_layers]:
+        attn, mlp = layer.self_attn, layer.mlp
+        x = _rms(layer.input_layernorm, hidden)
+        heads = (*shape, -1, attn.head_dim)
+        q = attn.q_proj(x).view(heads).transpose(1, 2)
+        k = attn.k_proj(x).view(heads).transpose(1, 2)
+        v = attn.v_proj(x).view(heads).transpose(1, 2)
+        q, k = t.rotary(q, k, cos, sin)
+        k, v = cache.update(k, v, attn.layer_idx)
+        out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
+        hidden = hidden + attn.o_proj(out.reshape(*shape, -1).contiguous())
+        x = _rms(layer.post_attention_layernorm, hidden)
+        hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    return t.result(last_hidden_state=self.norm(hidden), cache=cache)
+
+
+def is_lean(module: torch.nn.Module) -> bool:
+    """Whether ``module`` runs the lean forward."""
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__func__", None) is lean_forward
+
+
+def make_lean(model: torch.nn.Module) -> int:
+    """Give every plain ``LlamaModel`` inside ``model`` the lean forward; returns how many.
+
+    Only the exact class is changed (a subclass may override what the lean forward repeats),
+    and only with sdpa or eager attention, whose interface it calls as transformers does. The
+    forward is set on the instance: the class, and what transformers keys by it, stay."""
+    if os.environ.get(DISABLE_ENV, "").strip() == "0":
+        return 0
+    t = _names()
+    if not t.ok:
+        return 0
+    changed = 0
+    for module in model.modules():
+        attention = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if type(module) is t.model_class and attention in ("sdpa", "eager"):
+            if not is_lean(module):
+                module.forward = types.MethodType(lean_forward, module)
+            changed += 1
+    return changed
+
+
+@contextlib.contextmanager
+def hf_forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` with transformers' own decoder forward while inside, lean again after."""
+    swapped = [m for m in model.modules() if is_lean(m)]
+    for module in swapped:
+        del module.forward
+    try:
+        yield model
+    finally:
+        for module in swapped:
+            module.forward = types.MethodType(lean_forward, module)
