@@ -42,6 +42,7 @@ import torch
 
 from .. import _argtypes
 from .._greedy import compare_greedy
+from .._lean import hf_forward
 from ..compiled import CompileSetting
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -211,7 +212,12 @@ class BatchRunner:
             "top_k": None,
             "pad_token_id": pair.pad_id,
         }
-        with forward_counter(pair.target) as steps, torch.inference_mode(), quiet_timing():
+        with (
+            hf_forward(pair.target),
+            forward_counter(pair.target) as steps,
+            torch.inference_mode(),
+            quiet_timing(),
+        ):
             start = time.perf_counter()
             out = pair.target.generate(ids, **kwargs)
             seconds = time.perf_counter() - start

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from .. import _argtypes
+from .._lean import hf_forward
 from ..compiled import CompiledForward
 from ..compiled.static import capacity_for
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
@@ -272,7 +273,7 @@ class CompiledRunner:
         if method == BASELINE:
             kwargs.update(cache_implementation="static", compile_config=self.compile_config)
         torch.manual_seed(seed)
-        with torch.inference_mode(), quiet_timing():
+        with hf_forward(pair.target), torch.inference_mode(), quiet_timing():
             before = dynamo_graphs()
             start = time.perf_counter()
             out = pair.target.generate(x, **kwargs)

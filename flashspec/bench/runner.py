@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._lean import hf_forward
 from ..compiled import CompileSetting
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -207,9 +208,10 @@ class Runner:
         elif method == "hf_lookup":
             kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
         counting = method.startswith(("hf_assisted", "hf_lookup"))
-        with forward_counter(pair.target) as target_calls, quiet_timing():
+        # HF's own decoder forward (not flashspec's lean one) for HF's methods.
+        with hf_forward(pair.target), forward_counter(pair.target) as target_calls, quiet_timing():
             if counting and pair.draft is not None:
-                with forward_counter(pair.draft) as draft_calls:
+                with hf_forward(pair.draft), forward_counter(pair.draft) as draft_calls:
                     start = time.perf_counter()
                     out = pair.target.generate(x, **kwargs)
                     seconds = time.perf_counter() - start
