@@ -87,11 +87,32 @@ def crop_cache(cache: Any, remove: int) -> None:
 
     Both crop conventions accept a negative count as "remove this many"; the old one reads
     ``crop(0)`` as "keep nothing", so zero is only passed where it means "trim sliding layers".
+    Layers that hold nothing yet are skipped (see ``_crop``).
     """
     if remove > 0:
-        cache.crop(-remove)
+        _crop(cache, -remove)
     elif remove == 0 and _CROP_TAKES_COUNT and any(getattr(cache, "is_sliding", ())):
-        cache.crop(0)
+        _crop(cache, 0)
+
+
+def _crop(cache: Any, count: int) -> None:
+    layers: list[Any] = list(getattr(cache, "layers", None) or ())
+    empty = [_empty(layer) for layer in layers] if _CROP_TAKES_COUNT else []
+    if not any(empty):
+        cache.crop(count)
+        return
+    # transformers' DynamicSlidingWindowLayer.crop reads ``keys.shape`` of a layer that was never
+    # filled (keys None) and raises: a drafter that no round has run yet holds no keys at all,
+    # so the layers without any are left out (there is nothing in them to crop).
+    for layer, skip in zip(layers, empty, strict=True):
+        if not skip:
+            layer.crop(count)
+
+
+def _empty(layer: Any) -> bool:
+    """An attention layer that has not received keys yet (hybrid layers, which also hold conv
+    and recurrent state, are never skipped)."""
+    return getattr(layer, "is_initialized", True) is False and not hasattr(layer, "conv_states")
 
 
 def has_sliding_layers(cache: Any) -> bool:

@@ -223,6 +223,8 @@ def crop_attention(cache: Any, remove: int) -> None:
             continue
         if remove == 0 and not getattr(layer, "is_sliding", False):
             continue
+        if not layer.is_initialized:
+            continue  # nothing to crop, and a sliding layer's crop raises on empty keys
         for cls in type(layer).__mro__:
             # The first attention class in the MRO that defines crop: for a hybrid layer that
             # skips the class combining both, whose crop also cuts the conv part.
