@@ -17,7 +17,11 @@ round every row rejected at the same draft) are cropped at once.
 
 Only caches made entirely of plain ``DynamicLayer`` layers can do this (``shiftable``): a
 sliding-window layer counts its window in columns, dead ones included, and drops old columns
-itself; recurrent state has no columns at all. Such models keep column-aligned lockstep batches.
+itself; recurrent state has no columns at all. Nor can a model that windows its attention
+without telling its cache (``column_window``: GPT-Neo's local layers mask by column distance
+inside the module, over a plain cache): with dead columns inside a row, a window of w columns
+covers fewer than w of the row's tokens, and the row's logits differ from its own. Such models
+keep column-aligned lockstep batches, where a row's tokens are contiguous columns.
 """
 
 from __future__ import annotations
@@ -39,6 +43,41 @@ def shiftable(cache: Any) -> bool:
     if layers is None:
         return False
     return all(type(layer) is DynamicLayer for layer in layers)
+
+
+_FULL_LAYER_TYPES = frozenset({"full_attention", "global"})
+
+
+def column_window(config: Any) -> str | None:
+    """Why a model with ``config`` (its text config) limits attention to a window of columns,
+    or None when every layer attends to all earlier columns.
+
+    Read from the config, not the cache: GPT-Neo's local layers (``attention_layers``) window
+    inside the module over a plain ``DynamicLayer``, and a release whose ``DynamicCache`` takes
+    no config builds plain layers for sliding-window models too.
+    """
+    local = [kind for kind in getattr(config, "attention_layers", None) or () if kind != "global"]
+    if local:
+        return f"{local[0]} attention layers (window_size {getattr(config, 'window_size', '?')})"
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        # Layer kinds named by the config decide (some configs keep a sliding_window value that
+        # no layer uses); stateful kinds ("linear_attention", "mamba"...) are not windows.
+        windowed = [
+            kind
+            for kind in layer_types
+            if isinstance(kind, str)
+            and kind not in _FULL_LAYER_TYPES
+            and any(word in kind for word in ("sliding", "local", "chunk", "window"))
+        ]
+        return f"{windowed[0]} layers" if windowed else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    for name in ("sliding_window", "attention_chunk_size"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return f"{name} {value}"
+    return None
 
 
 def _filled(layer: Any) -> bool:

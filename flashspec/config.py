@@ -294,7 +294,8 @@ class FlashSpecConfig:
             commits its own accepted drafts each round, as it would alone. ``"lockstep"``: every
             row emits as many tokens as the row that accepted fewest (the earlier engine; kept
             to measure against). Models whose cache cannot move rows along the columns
-            (sliding-window layers, recurrent state) always run in lockstep; both are exact.
+            (sliding-window, chunked or local attention layers, recurrent state) always run in
+            lockstep; both are exact.
         compile: the compiled path (``flashspec.compiled``): static KV caches and
             ``torch.compile`` for the drafter's one-token step and the target's verification.
             ``True`` turns it on (an error if a model cannot take it), ``False`` off,

@@ -20,6 +20,7 @@ from ._layout import (
     RowLayout,
     append_rows,
     append_zero_rows,
+    column_window,
     gather_columns,
     pad_columns,
     shiftable,
@@ -157,6 +158,10 @@ class CausalLM:
         tokenizer: the model's tokenizer, if known.
         vocab_size: width of the logits (rows of the output embedding).
         max_context: positions the model can attend over (``max_position_embeddings``), or None.
+        window: why the model's attention is limited to a window of columns
+            (``flashspec._layout.column_window``), or None.
+        shiftable: whether rows of a batch can keep their own columns (ragged batches): a plain
+            attention cache, positions and a mask taken, and no ``window``.
         cached: committed columns whose keys/values are in ``cache``.
         support: whether the cache holds recurrent/conv state, and whether a multi-token
             forward after a cached state is exact.
@@ -189,10 +194,13 @@ class CausalLM:
         fresh = new_cache(model)
         self.support: CacheSupport = check_support(model, fresh, role)
         # Rows can keep their own columns (ragged batches, ``flashspec._layout``) only in a
-        # plain attention cache of a model that takes positions and a mask.
+        # plain attention cache of a model that takes positions and a mask, and attends to
+        # every earlier column (a window counts dead columns too).
+        self.window = column_window(self.config)
         self.shiftable = (
             not self.support.stateful
             and shiftable(fresh)
+            and self.window is None
             and self.signature.position_ids
             and self.signature.attention_mask
         )

@@ -143,6 +143,18 @@ def _built_or_refused(
         return None
 
 
+def test_gpt_neo_local_attention_ragged_batch_is_exact() -> None:
+    """Issue #37: GPT-Neo's local layers window by column, so a ragged batch, whose rows keep
+    dead columns between their tokens, gave rows a narrower window than alone (mismatches with
+    top-2 gaps up to 3, no ties). Such a model now runs column-aligned batches."""
+    _, draft, _ = _models("gpt_neo")
+    engine = _engine("gpt_neo", _forced(), [ModelDrafter(draft, name="draft")])
+    result = engine.generate(_prompts(), max_new_tokens=MAX_NEW, ignore_eos=True)
+    assert result.stats.accepted > 0
+    _check("gpt_neo", [0, 1, 2], result.tokens)
+    assert not engine.shiftable
+
+
 @pytest.mark.parametrize("lookup", [False, True])
 def test_two_model_drafters_on_sliding_window_layers(lookup: bool) -> None:
     """Issue #37: with two model drafters, the one a round did not run was rolled back, and a
@@ -155,3 +167,28 @@ def test_two_model_drafters_on_sliding_window_layers(lookup: bool) -> None:
     for row in range(len(LENGTHS)):
         result = engine.generate(_prompts()[row], max_new_tokens=MAX_NEW[row], ignore_eos=True)
         _check("mistral", [row], result.tokens)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_windowed_family_is_exact_or_refused(family: str) -> None:
+    """Single row, ragged batch with drafting forced, two model drafters under the defaults."""
+    _, agrees, disagrees = _models(family)
+    single = _built_or_refused(
+        family, lambda: _engine(family, _forced(), [ModelDrafter(agrees, name="a")])
+    )
+    if single is None:
+        return
+    last = len(LENGTHS) - 1
+    result = single.generate(_prompts()[last], max_new_tokens=MAX_NEW[last], ignore_eos=True)
+    _check(family, [last], result.tokens)
+    assert result.stats.accepted > 0
+
+    batch = single.generate(_prompts(), max_new_tokens=MAX_NEW, ignore_eos=True)
+    _check(family, [0, 1, 2], batch.tokens)
+    # Windowed attention counts columns: its batches must keep them aligned.
+    assert not single.shiftable
+
+    drafters: list[Drafter] = [ModelDrafter(agrees, name="a"), ModelDrafter(disagrees, name="b")]
+    two = _engine(family, FlashSpecConfig(), drafters)
+    both = two.generate(_prompts(), max_new_tokens=MAX_NEW, ignore_eos=True)
+    _check(family, [0, 1, 2], both.tokens)

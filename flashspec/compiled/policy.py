@@ -47,10 +47,13 @@ def obstacle(lm: CausalLM) -> str | None:
         )
     if lm.support.stateful:
         return f"{lm.name} keeps recurrent state, which a static attention cache does not hold"
+    if lm.window is not None:
+        return f"{lm.name} attends through a window ({lm.window})"
     if not lm.shiftable:
         return (
             f"{lm.name}'s cache is not plain attention with positions and a mask "
-            "(sliding-window layers, or a forward without position_ids/attention_mask)"
+            "(sliding-window layers, attention windowed otherwise, or a forward without "
+            "position_ids/attention_mask)"
         )
     attention = getattr(lm.model.config, "_attn_implementation", "sdpa") or "sdpa"
     if attention not in _ATTENTION:

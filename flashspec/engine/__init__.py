@@ -29,14 +29,14 @@ and are packed away once there are enough (``flashspec._layout``). Rows can also
 generation (``TokenStream.join``): their prompts are read into the caches before the next round.
 
 Lockstep (``batching="lockstep"``, and always for models whose caches cannot keep rows apart:
-sliding-window and recurrent ones): every live row emits m + 1 tokens, where m is the smallest
-number of drafts accepted by any live row: its first m drafts, then the token at position m (its
-own accepted draft m if it accepted more than m, else the rule's replacement). This is exact
-too: whether a row emits position i this round depends only on accept events at positions
-before i (of this and other rows, all independent of the token at i), and a token that reaches
-position i is distributed as the target's conditional there, whether it is an accepted draft, a
-residual draw or the bonus token. So every emitted token follows the target given the row's
-past, whichever round produced it. Rows that finish leave the batch (their cache rows are
+windowed attention (sliding-window, chunked, local) and recurrent ones): every live row emits m + 1
+tokens, where m is the smallest number of drafts accepted by any live row: its first m drafts, then
+the token at position m (its own accepted draft m if it accepted more than m, else the rule's
+replacement). This is exact too: whether a row emits position i this round depends only on accept
+events at positions before i (of this and other rows, all independent of the token at i), and a
+token that reaches position i is distributed as the target's conditional there, whether it is an
+accepted draft, a residual draw or the bonus token. So every emitted token follows the target given
+the row's past, whichever round produced it. Rows that finish leave the batch (their cache rows are
 dropped).
 """
 

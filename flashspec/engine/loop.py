@@ -593,8 +593,9 @@ class SpeculativeEngine:
     def shiftable(self) -> bool:
         """Whether the rows of a batch can commit their own counts (ragged batches) and join a
         running generation: the target's and every drafter's cache can move rows along the
-        columns (``flashspec._layout``). Sliding-window and recurrent models cannot; their
-        batches run in lockstep, equally exact."""
+        columns (``flashspec._layout``). Models with windowed attention (sliding-window,
+        chunked, local) and recurrent models cannot; their batches run in lockstep, equally
+        exact."""
         return self.target.shiftable and all(d.shiftable for d in self.drafters)
 
     def _commit(self, gen: Generation) -> None:
@@ -626,7 +627,8 @@ class SpeculativeEngine:
             raise RuntimeError(
                 f"rows cannot join a running generation of {self.target.name!r}: a cache of "
                 "its target or drafters cannot move rows along the columns (sliding-window or "
-                "recurrent layers); start a new generation for the prompt instead"
+                "recurrent layers, or attention windowed otherwise); start a new generation for "
+                "the prompt instead"
             )
         if gen.finished:
             raise RuntimeError("the generation has ended; start a new one for this prompt")
