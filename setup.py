@@ -21,6 +21,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 ASM_SOURCES = ["asm/residual_avx2.asm", "asm/residual_avx512.asm"]
+# The quantized-matmul kernels: linked only into flashspec._quant, which is built with
+# FLASHSPEC_HAVE_QUANT_ASM (and FLASHSPEC_HAVE_ASM) when they are.
+QUANT_ASM_SOURCES = ["asm/quant_avx2.asm", "asm/quant_avx512.asm"]
 # Py_buffer entered the limited API in 3.11: one abi3 wheel serves every later CPython.
 LIMITED_API_HEX = "0x030B0000"
 NASM_HELP = (
@@ -56,7 +59,8 @@ class BuildExtWithNasm(build_ext):
                 raise SystemExit("error: " + NASM_HELP)
             objs_dir = Path(self.build_temp) / "asm"
             objs_dir.mkdir(parents=True, exist_ok=True)
-            for src in ASM_SOURCES:
+            quant = ext.name == "flashspec._quant"
+            for src in QUANT_ASM_SOURCES if quant else ASM_SOURCES:
                 obj = objs_dir / (Path(src).stem + ".o")
                 cmd = [nasm, "-f", "elf64", "-I", str(HERE / "asm") + "/",
                        str(HERE / src), "-o", str(obj)]
@@ -64,6 +68,8 @@ class BuildExtWithNasm(build_ext):
                 subprocess.run(cmd, check=True)
                 ext.extra_objects.append(str(obj))
             ext.define_macros.append(("FLASHSPEC_HAVE_ASM", "1"))
+            if quant:
+                ext.define_macros.append(("FLASHSPEC_HAVE_QUANT_ASM", "1"))
         super().build_extension(ext)
 
 
@@ -79,8 +85,22 @@ residual = Extension(
     extra_link_args=["-Wl,-z,noexecstack"] if sys.platform.startswith("linux") else [],
 )
 
+quant = Extension(
+    "flashspec._quant",
+    sources=["ext/_quant.c", "ext/quant.c", "ext/cpu.c"],
+    include_dirs=["ext"],
+    define_macros=[("Py_LIMITED_API", LIMITED_API_HEX)],
+    py_limited_api=True,
+    # Portable optimisation only (the ISA is chosen at run time); no contraction, so a
+    # product and a sum round where gguf-py's dequantization rounds.
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=hidden",
+                        "-ffp-contract=off", "-pthread"],
+    extra_link_args=(["-Wl,-z,noexecstack", "-pthread"]
+                     if sys.platform.startswith("linux") else []),
+)
+
 setup(
-    ext_modules=[residual],
+    ext_modules=[residual, quant],
     cmdclass={"build_ext": BuildExtWithNasm},
     options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

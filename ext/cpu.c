@@ -17,6 +17,10 @@
 #define ECX1_AVX (1u << 28)
 #define EBX7_AVX2 (1u << 5)
 #define EBX7_AVX512F (1u << 16)
+#define ECX1_FMA (1u << 12)
+#define ECX1_F16C (1u << 29)
+#define EBX7_AVX512BW (1u << 30)
+#define EBX7_AVX512VL (1u << 31)
 /* XCR0 bits: 1 = SSE (XMM), 2 = AVX (YMM upper), 5..7 = opmask, ZMM0-15 upper, ZMM16-31. */
 #define XCR0_YMM_MASK 0x6u
 #define XCR0_ZMM_MASK 0xE6u
@@ -36,6 +40,8 @@ void fs_cpu_detect(fs_cpu *c) {
     __cpuid(LEAF_FEATURES, a, b, cx, d);
     c->osxsave = (cx & ECX1_OSXSAVE) != 0;
     c->avx = (cx & ECX1_AVX) != 0;
+    c->fma = (cx & ECX1_FMA) != 0;
+    c->f16c = (cx & ECX1_F16C) != 0;
     if (c->osxsave) {
         unsigned long long xcr0 = read_xcr0();
         c->ymm_state = (xcr0 & XCR0_YMM_MASK) == XCR0_YMM_MASK;
@@ -45,6 +51,8 @@ void fs_cpu_detect(fs_cpu *c) {
     __cpuid_count(LEAF_EXT_FEATURES, 0, a, b, cx, d);
     c->avx2 = (b & EBX7_AVX2) != 0;
     c->avx512f = (b & EBX7_AVX512F) != 0;
+    c->avx512bw = (b & EBX7_AVX512BW) != 0;
+    c->avx512vl = (b & EBX7_AVX512VL) != 0;
 }
 
 #else

@@ -95,6 +95,10 @@ typedef struct fs_cpu {
     int avx;         /* CPUID.1:ECX.AVX[28] */
     int avx2;        /* CPUID.7.0:EBX.AVX2[5] */
     int avx512f;     /* CPUID.7.0:EBX.AVX512F[16] */
+    int fma;         /* CPUID.1:ECX.FMA[12] */
+    int f16c;        /* CPUID.1:ECX.F16C[29] */
+    int avx512bw;    /* CPUID.7.0:EBX.AVX512BW[30] */
+    int avx512vl;    /* CPUID.7.0:EBX.AVX512VL[31] */
     int ymm_state;   /* XCR0 & 0x6 == 0x6 (OS saves SSE + AVX state) */
     int zmm_state;   /* XCR0 & 0xE6 == 0xE6 (OS saves opmask + ZMM state too) */
     unsigned max_leaf;

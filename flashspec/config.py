@@ -19,7 +19,11 @@ ResidualBackend = Literal["auto", "native", "torch"]
 
 _METHODS = ("auto", "rejection", "greedy", "typical")
 _RESIDUALS = ("auto", "native", "torch")
+AUTO_DTYPE = "auto"
+"""The default dtype: float32 activations and weights, except that a GGUF file on a CPU keeps
+its quantized layers as blocks (``flashspec.quant``) instead of being dequantized."""
 _DTYPES: dict[str, torch.dtype] = {
+    AUTO_DTYPE: torch.float32,
     "float32": torch.float32,
     "fp32": torch.float32,
     "float16": torch.float16,
@@ -286,7 +290,10 @@ class FlashSpecConfig:
         sampling: drafting and acceptance settings.
         bandit: drafter selection settings (used with several drafters).
         device: device for models loaded by name (``"cpu"``, ``"cuda"``, ``"cuda:1"``...).
-        dtype: dtype for models loaded by name (``"float32"``, ``"bfloat16"``, ``torch.float16``).
+        dtype: dtype for models loaded by name: ``"auto"`` (the default: float32, and a GGUF
+            file on a CPU keeps its quantized layers as they are in the file), or a dtype to
+            load (and dequantize a GGUF file) in: ``"float32"``, ``"bfloat16"``,
+            ``torch.float16``.
         target_name, drafter_name: the target and drafter ``SpeculativeEngine.from_pretrained``
             loads when it is given none (the earlier library's fields).
         max_new_tokens: the default of ``generate``/``stream`` (128 when None).
@@ -306,7 +313,7 @@ class FlashSpecConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     bandit: BanditConfig = field(default_factory=BanditConfig)
     device: str = "cpu"
-    dtype: str | torch.dtype = "float32"
+    dtype: str | torch.dtype = AUTO_DTYPE
     target_name: str | None = None
     drafter_name: str | None = None
     max_new_tokens: int | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ._validate import is_int
-from .config import ResidualBackend
+from .config import AUTO_DTYPE, ResidualBackend
 from .models import CausalLM, Padding, TargetModel, load_pretrained, place_model
 from .sampling import Warper, draft_sample
 
@@ -349,7 +349,7 @@ def load_drafters(
             )
         elif isinstance(entry, str):
             model, tokenizer = load_pretrained(
-                entry, device or "cpu", dtype if dtype is not None else torch.float32
+                entry, device or "cpu", dtype if dtype is not None else AUTO_DTYPE
             )
             drafters.append(
                 ModelDrafter(model, name=entry, tokenizer=tokenizer, temperature=temperature)

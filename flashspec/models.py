@@ -46,7 +46,7 @@ from ._state import (
 )
 from .compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
 from .compiled.step import CompiledForward
-from .config import resolve_dtype
+from .config import AUTO_DTYPE, resolve_dtype
 
 # Loading moved to flashspec.loading; these names stay importable from here.
 from .loading.pretrained import DEMO_DIR as DEMO_DIR
@@ -560,7 +560,7 @@ class TargetModel(CausalLM):
     ) -> None:
         if model is None:
             model, loaded_tokenizer = load_pretrained(
-                hub_id, device or "cpu", dtype if dtype is not None else torch.float32
+                hub_id, device or "cpu", dtype if dtype is not None else AUTO_DTYPE
             )
             tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
         else:

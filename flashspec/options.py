@@ -43,7 +43,7 @@ class EngineOptions:
     seed: int | None = None
     method: str = "auto"
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"
     lockstep: bool = False
     compile: str = "auto"
 
@@ -146,9 +146,10 @@ class EngineOptions:
         parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
         parser.add_argument(
             "--dtype",
-            default="float32",
-            help="weights' dtype: float32 (default), bfloat16 (fewer bytes a token; warping and "
-            "acceptance stay float32), float16",
+            default="auto",
+            help="weights' dtype: auto (default: float32, and a .gguf model on a CPU keeps its "
+            "quantized layers as they are in the file), float32 (a .gguf file dequantized), "
+            "bfloat16 (fewer bytes a token; warping and acceptance stay float32), float16",
         )
 
     @classmethod

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .quant.layers import QuantEmbedding, QuantLinear
+
 CONFIG_FILE = "shared_head_draft.json"
 WEIGHTS_FILE = "layers.safetensors"
 FORMAT = "flashspec-shared-head-draft/1"
@@ -41,14 +43,19 @@ class SubsetHead(torch.nn.Module):
     """The target's LM head restricted to ``ids``: full-width logits, ``-inf`` elsewhere.
 
     Args:
-        weight: the target's output embedding (vocab x hidden); rows ``ids`` are copied once.
+        weight: the target's output embedding (vocab x hidden), or its quantized head
+            (``flashspec.quant.QuantLinear``); rows ``ids`` are copied once, at their exact
+            values.
         ids: the token ids the draft may propose (distinct, in range).
         vocab_size: the logits' width (the target's).
     """
 
-    def __init__(self, weight: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> None:
+    def __init__(
+        self, weight: torch.Tensor | QuantLinear, ids: torch.Tensor, vocab_size: int
+    ) -> None:
         super().__init__()
-        ids = torch.as_tensor(ids, dtype=torch.long, device=weight.device).flatten()
+        device = weight.blocks.device if isinstance(weight, QuantLinear) else weight.device
+        ids = torch.as_tensor(ids, dtype=torch.long, device=device).flatten()
         if ids.numel() == 0:
             raise ValueError("ids: a shared-head draft needs at least one token id")
         if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
@@ -59,7 +66,8 @@ class SubsetHead(torch.nn.Module):
         self.vocab_size = vocab_size
         self.register_buffer("ids", ids, persistent=False)
         # A buffer, not a parameter: the rows are the target's, trained with it, not here.
-        self.register_buffer("rows", weight.detach()[ids].clone(), persistent=False)
+        rows = weight.dense_rows(ids) if isinstance(weight, QuantLinear) else weight.detach()[ids]
+        self.register_buffer("rows", rows.clone(), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary: the subset's scores, ``-inf`` elsewhere."""
@@ -103,18 +111,36 @@ def feature_hidden(
     return hidden
 
 
-def _target_parts(target: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor, Any]:
+class _Head:
+    """The target's LM head as a draft sees it: its (vocab, hidden) shape, its device and the
+    dtype the draft's layers take, and the head itself (a weight, or quantized blocks)."""
+
+    def __init__(self, head: Any) -> None:
+        self.source: torch.Tensor | QuantLinear
+        if isinstance(head, QuantLinear):
+            # Quantized layers run float32 activations: the draft's layers do too.
+            self.source = head
+            self.shape = (head.out_features, head.in_features)
+            self.device, self.dtype = head.blocks.device, torch.float32
+        else:
+            self.source = head.weight
+            self.shape = (int(head.weight.shape[0]), int(head.weight.shape[1]))
+            self.device, self.dtype = head.weight.device, head.weight.dtype
+
+
+def _target_parts(target: torch.nn.Module) -> tuple[torch.nn.Module, _Head, Any]:
     embed = target.get_input_embeddings()  # type: ignore[operator]
     head = target.get_output_embeddings()  # type: ignore[operator]
     weight = getattr(head, "weight", None)
-    if not isinstance(embed, torch.nn.Embedding) or not isinstance(weight, torch.Tensor):
+    linear = isinstance(head, QuantLinear) or isinstance(weight, torch.Tensor)
+    if not isinstance(embed, (torch.nn.Embedding, QuantEmbedding)) or not linear:
         raise ValueError(
             f"target {type(target).__name__}: a shared-head draft needs a token embedding and "
             "a linear LM head (get_input_embeddings / get_output_embeddings)"
         )
     config: Any = target.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return embed, weight, text
+    return embed, _Head(head), text
 
 
 class _Defaults:
@@ -149,10 +175,9 @@ def build_shared_head_draft(
     if reads not in INPUTS:
         raise ValueError(f"reads must be one of {INPUTS}, got {reads!r}")
 
-    _, weight, text = _target_parts(target)
+    _, head, text = _target_parts(target)
     text = _Defaults(text)
-    vocab = int(weight.shape[0])
-    hidden = int(weight.shape[1])
+    vocab, hidden = head.shape
     heads = int(text.num_attention_heads or max(1, hidden // 64))
     settings: dict[str, Any] = {
         "vocab_size": vocab,
@@ -179,7 +204,7 @@ def build_shared_head_draft(
     draft: Any = LlamaForCausalLM(config)
     if reads == "features":
         draft.fuse = FeatureFuse(hidden)
-    draft = draft.to(device=weight.device, dtype=weight.dtype)
+    draft = draft.to(device=head.device, dtype=head.dtype)
     attach(draft, target, ids)
     built: torch.nn.Module = draft
     return built
@@ -187,9 +212,9 @@ def build_shared_head_draft(
 
 def attach(draft: torch.nn.Module, target: torch.nn.Module, ids: torch.Tensor | list[int]) -> None:
     """Make ``draft`` use ``target``'s embedding module and its head rows for ``ids``."""
-    embed, weight, _ = _target_parts(target)
+    embed, head, _ = _target_parts(target)
     draft.model.embed_tokens = embed  # type: ignore[union-attr]
-    draft.lm_head = SubsetHead(weight, torch.as_tensor(ids), int(weight.shape[0]))
+    draft.lm_head = SubsetHead(head.source, torch.as_tensor(ids), head.shape[0])
 
 
 def own_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -236,11 +261,11 @@ def load_shared_head_draft(directory: str | Path, target: torch.nn.Module) -> to
         raise ValueError(f"{folder}: not a flashspec shared-head draft ({meta.get('format')!r})")
     config: Any = LlamaConfig.from_dict(meta["config"])
     config._attn_implementation = "sdpa"
-    _, weight, _ = _target_parts(target)
-    if (config.vocab_size, config.hidden_size) != tuple(weight.shape):
+    _, head, _ = _target_parts(target)
+    if (config.vocab_size, config.hidden_size) != head.shape:
         raise ValueError(
             f"{folder}: made for a vocabulary of {config.vocab_size} and width "
-            f"{config.hidden_size}, but the target's head is {tuple(weight.shape)}"
+            f"{config.hidden_size}, but the target's head is {head.shape}"
         )
     draft: Any = LlamaForCausalLM(config)
     kind = meta.get("input", "tokens")
@@ -254,7 +279,7 @@ def load_shared_head_draft(directory: str | Path, target: torch.nn.Module) -> to
     if lost or unexpected:
         raise ValueError(f"{folder}: weights do not match the config (missing {lost}, "
                          f"unexpected {unexpected})")  # fmt: skip
-    draft = draft.to(device=weight.device, dtype=weight.dtype).eval()
+    draft = draft.to(device=head.device, dtype=head.dtype).eval()
     attach(draft, target, meta["ids"])
     loaded: torch.nn.Module = draft
     return loaded

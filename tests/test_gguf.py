@@ -52,6 +52,7 @@ from flashspec.loading import (
     resolve_model_path,
     resolve_named,
 )
+from flashspec.quant import QuantLinear
 
 SMOLLM2 = NAMED_MODELS["smollm2"]
 TEXTS = [
@@ -151,7 +152,7 @@ def gguf_folders(cache: Path) -> list[Path]:
 
 def test_load_equals_transformers_gguf_load(tiny_gguf: Path, reference: tuple[Any, Any]) -> None:
     ref_model, ref_tokenizer = reference
-    model, tokenizer = load_pretrained(str(tiny_gguf))
+    model, tokenizer = load_pretrained(str(tiny_gguf), dtype="float32")
     assert type(model) is type(ref_model) and not model.training
     assert getattr(model, "hf_quantizer", None) is None
     assert getattr(model.config, "quantization_config", None) is None
@@ -191,7 +192,7 @@ def test_weights_are_the_gguf_packages_dequantization(tiny_gguf: Path) -> None:
     ones are the written values bit for bit."""
     import gguf
 
-    model, _ = load_pretrained(str(tiny_gguf))
+    model, _ = load_pretrained(str(tiny_gguf), dtype="float32")
     state = model.state_dict()
     reader = gguf.GGUFReader(tiny_gguf)
     tensors = {t.name: t for t in reader.tensors}
@@ -223,7 +224,7 @@ def test_weights_are_the_gguf_packages_dequantization(tiny_gguf: Path) -> None:
 def test_second_load_reads_the_cache(
     tiny_gguf: Path, cache: Path, reference: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    load_pretrained(str(tiny_gguf))
+    load_pretrained(str(tiny_gguf), dtype="float32")
     (folder,) = gguf_folders(cache)
     digest = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     assert folder.name == f"tiny-{digest[:16]}-float32-v1"
@@ -238,7 +239,7 @@ def test_second_load_reads_the_cache(
         raise AssertionError("converted again instead of reading the cache")
 
     monkeypatch.setattr(gguf_module, "_dequantize", no_conversion)
-    second, tokenizer = load_pretrained(str(tiny_gguf))
+    second, tokenizer = load_pretrained(str(tiny_gguf), dtype="float32")
     assert_same_weights(second, reference[0].state_dict())
     assert tokenizer.chat_template == CHAT_TEMPLATE
     assert gguf_folders(cache) == [folder]
@@ -258,12 +259,12 @@ def test_hash_index_is_reused_and_a_changed_file_converts_again(
             return real_sha256(*args)
 
     monkeypatch.setattr(gguf_module, "hashlib", CountingHashlib)
-    first, _ = load_pretrained(str(path))
+    first, _ = load_pretrained(str(path), dtype="float32")
     assert len(hashed) == 1  # hashed once, though the conversion asks for the digest again
     index = json.loads((cache / "gguf" / "hashes.json").read_text())
     assert index[str(path.resolve())]["sha256"] == real_sha256(path.read_bytes()).hexdigest()
 
-    load_pretrained(str(path))
+    load_pretrained(str(path), dtype="float32")
     assert len(hashed) == 1  # the index answered
     (old_folder,) = gguf_folders(cache)
 
@@ -273,7 +274,7 @@ def test_hash_index_is_reused_and_a_changed_file_converts_again(
     write_tiny_gguf(path, seed=1)
     assert path.stat().st_size == stat.st_size
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    changed, _ = load_pretrained(str(path))
+    changed, _ = load_pretrained(str(path), dtype="float32")
     assert len(hashed) == 2
     folders = gguf_folders(cache)
     assert len(folders) == 2 and old_folder in folders
@@ -295,7 +296,7 @@ def test_bfloat16(
 
     expected = {k: v.to(torch.bfloat16) for k, v in reference[0].state_dict().items()}
     if with_float32_copy:
-        load_pretrained(str(tiny_gguf))
+        load_pretrained(str(tiny_gguf), dtype="float32")
     gguf_reads: list[Any] = []
     real = AutoModelForCausalLM.from_pretrained.__func__  # type: ignore[attr-defined]
 
@@ -334,7 +335,7 @@ def test_unwritable_cache_still_loads(
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     for _ in range(2):  # converts each time, and works each time
-        model, tokenizer = load_pretrained(str(tiny_gguf))
+        model, tokenizer = load_pretrained(str(tiny_gguf), dtype="float32")
         assert_same_weights(model, reference[0].state_dict())
         assert tokenizer("the dog")["input_ids"] == reference[1]("the dog")["input_ids"]
         assert "cannot write the cache" in capsys.readouterr().err
@@ -350,7 +351,7 @@ def test_unwritable_cache_leaves_no_temporary_copy(
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    load_pretrained(str(tiny_gguf))
+    load_pretrained(str(tiny_gguf), dtype="float32")
     assert list(scratch.rglob("*.safetensors")) == []  # (torch puts caches of its own there)
 
 
@@ -412,12 +413,21 @@ def test_named_model_from_its_package(
     fake_smollm2: Path, cache: Path, reference: tuple[Any, Any]
 ) -> None:
     assert resolve_model_path("smollm2") == str(fake_smollm2)
-    model, tokenizer = load_pretrained("smollm2")
+    model, tokenizer = load_pretrained("smollm2", dtype="float32")
     assert SMOLLM2.package not in sys.modules  # found, never imported
     assert_same_weights(model, reference[0].state_dict())
     assert tokenizer.chat_template == CHAT_TEMPLATE
     (folder,) = gguf_folders(cache)
     assert folder.name.startswith(Path(SMOLLM2.file).stem + "-")
+
+    # The default keeps the file's quantized layers as blocks: the same model's logits.
+    quantized, tokenizer = load_pretrained("smollm2")
+    assert isinstance(quantized.get_output_embeddings(), QuantLinear)
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.inference_mode():
+        got, want = quantized(ids).logits, reference[0](ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
 
 
 # ------------------------------------------------------------------------------------ exactness

@@ -26,12 +26,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "engine: flashspec against plain HF generate, HF assisted generation with the same "
             "draft and HF prompt lookup, on HumanEval and held-out stdlib code, then a gamma "
             "sweep (engine.json, engine.png). kernel: the residual kernel against NumPy, torch "
-            "and C (kernel.json, kernel.png). profile: where a speculative round's time goes "
-            "(profile.json). regret: UCB1 and Thompson sampling on Bernoulli arms "
-            "(regret.json, regret.png). recurrent: recurrent/hybrid pairs (recurrent.json). "
-            "batch: ragged against lockstep batches and HF batched generate (batch.json). "
-            "compiled: the compiled path against flashspec eager, HF generate eager and HF "
-            "generate on a compiled static cache (compiled.json)."
+            "and C (kernel.json, kernel.png). quant: the quantized matmul kernels per GGUF "
+            "format and row count against the read bandwidth and torch (quant.json). "
+            "profile: where a speculative round's time goes (profile.json). regret: UCB1 and "
+            "Thompson sampling on Bernoulli arms (regret.json, regret.png). recurrent: "
+            "recurrent/hybrid pairs (recurrent.json). batch: ragged against lockstep batches "
+            "and HF batched generate (batch.json). compiled: the compiled path against "
+            "flashspec eager, HF generate eager and HF generate on a compiled static cache "
+            "(compiled.json)."
         ),
     )
     which = bench.add_subparsers(dest="bench", required=True)
@@ -121,6 +123,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common(kernel)
     kernel.add_argument("--name", default="kernel", help="result file stem (default kernel)")
 
+    quant = which.add_parser(
+        "quant", help="quantized matmul kernels per GGUF format, backend and row count"
+    )
+    common(quant)
+    quant.add_argument("--name", default="quant", help="result file stem (default quant)")
+
     profile = which.add_parser("profile", help="where one round's time goes")
     common(profile)
     models(profile)
@@ -196,6 +204,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 COMMANDS: dict[str, str] = {
     "engine": ".engine",
     "kernel": ".kernel",
+    "quant": ".quant",
     "profile": ".profile",
     "regret": ".regret",
     "adaptive": ".adaptive",

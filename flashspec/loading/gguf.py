@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..config import resolve_dtype
+from ..config import AUTO_DTYPE, resolve_dtype
 from .cache import cache_dir
 
 GGUF_SUFFIX = ".gguf"
@@ -59,6 +59,11 @@ def load_gguf(
 ) -> tuple[torch.nn.Module, Any]:
     """``(model, tokenizer)`` of a GGUF file, in ``dtype``, converted on first use.
 
+    ``dtype="auto"`` keeps the file's quantized layers as blocks (``flashspec.quant``: the
+    same model, every weight at its dequantized value, 5x fewer bytes read a token); where the
+    kernels are not built or the architecture's layout is not one the quantized load follows,
+    it dequantizes to float32 instead. One line on stderr says which.
+
     Raises:
         FileNotFoundError: no file at ``path``.
         MissingDependencyError: ``gguf`` or ``accelerate`` is missing (the message says how to
@@ -72,6 +77,10 @@ def load_gguf(
     require_gguf_support()
     torch_dtype = resolve_dtype(dtype)
     digest = file_sha256(source)
+    if isinstance(dtype, str) and dtype.lower() == AUTO_DTYPE:
+        loaded = _load_quantized(source, digest)
+        if loaded is not None:
+            return loaded
     folder = _folder(source, digest, torch_dtype)
     if (folder / MARKER).is_file():
         return _load_folder(folder, torch_dtype)
@@ -103,6 +112,54 @@ def load_gguf(
             file=sys.stderr,
         )
     return model, tokenizer
+
+
+def _load_quantized(source: Path, digest: str) -> tuple[torch.nn.Module, Any] | None:
+    """The model with its quantized layers on blocks and its tokenizer, or None (after a line
+    saying why) when that path is not open here and the caller should dequantize."""
+    from ..quant import available, build_quantized_model
+    from ..quant.ops import kernels
+
+    if not available():
+        print(f"flashspec: {source.name}: the quantized kernels (flashspec._quant) are not built "
+              "in this installation; dequantizing to float32", file=sys.stderr)  # fmt: skip
+        return None
+    config, tokenizer = _quantized_metadata(source, digest)
+    try:
+        model, record = build_quantized_model(source, config)
+    except (ValueError, NotImplementedError, KeyError) as exc:
+        print(f"flashspec: {source.name}: {exc}; dequantizing to float32", file=sys.stderr)
+        return None
+    ops = kernels()
+    print(f"flashspec: {source.name} loaded quantized: {record.summary()} (kernels "
+          f"{ops.backend()}, {ops.threads()} threads)", file=sys.stderr)  # fmt: skip
+    return model, tokenizer
+
+
+def _quantized_metadata(source: Path, digest: str) -> tuple[Any, Any]:
+    """The file's transformers config and tokenizer, cached as a folder without weights
+    (building the tokenizer from the file's metadata is the slow part)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = cache_dir() / "gguf" / f"{source.stem}-{digest[:16]}-quantized-v{FORMAT}"
+    tokenizer: Any
+    if (folder / MARKER).is_file():
+        config = AutoConfig.from_pretrained(folder)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError, KeyError):
+            tokenizer = None
+        return config, tokenizer
+    config = AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    marker = {"format": FORMAT, "source": str(source), "sha256": digest, "dtype": "quantized",
+              "transformers": _version("transformers"), "gguf": _version("gguf")}  # fmt: skip
+    try:
+        _save(config, tokenizer, folder, marker)
+    except OSError as exc:
+        print(f"flashspec: cannot write the cache ({exc}); the next load reads the file's "
+              "metadata again", file=sys.stderr)  # fmt: skip
+    return config, tokenizer
 
 
 def converted_folder(source: Path, dtype: torch.dtype) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import resolve_dtype
+from ..config import AUTO_DTYPE, resolve_dtype
 from .gguf import is_gguf, load_gguf
 from .named import resolve_named
 
@@ -52,12 +52,13 @@ def resolve_model_path(name: str | os.PathLike[str] | None) -> str:
 def load_pretrained(
     name: str | os.PathLike[str] | None,
     device: str | torch.device = "cpu",
-    dtype: str | torch.dtype = torch.float32,
+    dtype: str | torch.dtype = AUTO_DTYPE,
 ) -> tuple[torch.nn.Module, Any]:
     """Load ``(model, tokenizer)`` for a causal LM; tokenizer is None if the checkpoint has none.
 
-    ``name`` is anything ``resolve_model_path`` takes; a GGUF file is dequantized once and
-    cached (``flashspec.loading.gguf``).
+    ``name`` is anything ``resolve_model_path`` takes. A GGUF file with ``dtype="auto"`` on a
+    CPU keeps its quantized layers as blocks (``flashspec.quant``); with a dtype it is
+    dequantized once and cached (``flashspec.loading.gguf``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -65,7 +66,8 @@ def load_pretrained(
     model: Any
     tokenizer: Any
     if is_gguf(path):
-        model, tokenizer = load_gguf(path, dtype)
+        on_cpu = torch.device(device).type == "cpu"
+        model, tokenizer = load_gguf(path, dtype if on_cpu else _dense_dtype(dtype))
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
         try:
@@ -73,3 +75,8 @@ def load_pretrained(
         except (OSError, ValueError, KeyError):
             tokenizer = None
     return model.to(device).eval(), tokenizer
+
+
+def _dense_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
+    """``dtype`` with ``"auto"`` as float32: the quantized kernels run on the CPU only."""
+    return torch.float32 if isinstance(dtype, str) and dtype.lower() == AUTO_DTYPE else dtype

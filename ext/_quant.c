@@ -1,0 +1,703 @@
+/*
+ * _quant.c - Python glue for flashspec._quant: exact matmuls over GGUF blocks.
+ *
+ * Job: take buffers without copying, check them, pick the backend once, split the
+ * work over a small persistent thread pool (GIL released when it pays), and turn
+ * every failure into a Python exception that names the argument. Kernels: quant.c
+ * (C) and asm/quant_*.asm; their contract is quant.h.
+ *
+ * Limited API of CPython 3.11 (abi3), like flashspec._residual.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "quant.h"
+
+#define FS_QUANT_ABI_VERSION 1
+#define ENV_KERNEL "FLASHSPEC_QUANT_KERNEL"
+#define ENV_THREADS "FLASHSPEC_QUANT_THREADS"
+/* Below this many multiply-adds a call runs on the caller alone, GIL held. */
+#define PARALLEL_MIN_MACS (1u << 17)
+#define MAX_THREADS 8
+/* Weight rows a thread's share is rounded to (keeps every share a whole tile). */
+#define SHARE_ROWS 16
+/* Pause iterations a worker spins for the next job before it sleeps (~50 us). */
+#define SPIN_ITERS 20000
+
+/* ---------------------------------------------------------------- formats */
+
+enum { F_Q4_0, F_Q4_1, F_Q8_0, F_Q4_K, F_Q6_K, N_FORMATS };
+
+typedef void (*dequant_fn)(const uint8_t *, size_t, float *);
+
+static const fs_qformat g_formats[N_FORMATS] = {
+    {FS_GGML_Q4_0, "Q4_0", 32, 18},  {FS_GGML_Q4_1, "Q4_1", 32, 20},
+    {FS_GGML_Q8_0, "Q8_0", 32, 34},  {FS_GGML_Q4_K, "Q4_K", 256, 144},
+    {FS_GGML_Q6_K, "Q6_K", 256, 210},
+};
+static const dequant_fn g_dequant[N_FORMATS] = {fs_dequant_q4_0, fs_dequant_q4_1,
+                                                fs_dequant_q8_0, fs_dequant_q4_k,
+                                                fs_dequant_q6_k};
+
+typedef struct {
+    const char *name;
+    fs_qmm_fn fn[N_FORMATS];
+} backend_t;
+
+static fs_cpu g_cpu;
+static backend_t g_backends[3];
+static int g_n_backends;
+static const backend_t *g_active;
+
+static void register_backends(void) {
+    const backend_t scalar = {"scalar",
+                              {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_k_c,
+                               fs_qmm_q6_k_c}};
+    g_n_backends = 0;
+    g_backends[g_n_backends++] = scalar;
+#ifdef FLASHSPEC_HAVE_QUANT_ASM
+    if (fs_cpu_has_avx2(&g_cpu) && g_cpu.fma && g_cpu.f16c) {
+        backend_t b = scalar;
+        b.name = "avx2";
+        b.fn[F_Q4_0] = fs_qmm_q4_0_avx2;
+        b.fn[F_Q4_1] = fs_qmm_q4_1_avx2;
+        b.fn[F_Q8_0] = fs_qmm_q8_0_avx2;
+        g_backends[g_n_backends++] = b;
+    }
+    if (fs_cpu_has_avx512(&g_cpu) && g_cpu.fma && g_cpu.f16c) {
+        backend_t b = scalar;
+        b.name = "avx512";
+        b.fn[F_Q4_0] = fs_qmm_q4_0_avx512;
+        b.fn[F_Q4_1] = fs_qmm_q4_1_avx512;
+        b.fn[F_Q8_0] = fs_qmm_q8_0_avx512;
+        g_backends[g_n_backends++] = b;
+    }
+#endif
+}
+
+static PyObject *available_names(void) {
+    PyObject *lst = PyList_New(0);
+    for (int i = 0; lst != NULL && i < g_n_backends; i++) {
+        PyObject *s = PyUnicode_FromString(g_backends[i].name);
+        if (s == NULL || PyList_Append(lst, s) < 0) {
+            Py_XDECREF(s);
+            Py_CLEAR(lst);
+            break;
+        }
+        Py_DECREF(s);
+    }
+    return lst;
+}
+
+static int select_backend(const char *name, PyObject *exc, const char *origin) {
+    for (int i = 0; i < g_n_backends; i++) {
+        if (strcmp(g_backends[i].name, name) == 0) {
+            g_active = &g_backends[i];
+            return 0;
+        }
+    }
+    PyObject *avail = available_names();
+    if (avail == NULL) return -1;
+    PyErr_Format(exc,
+                 "%s: quantized-matmul backend '%s' is not available here (known: 'scalar', "
+                 "'avx2', 'avx512'; this build and CPU have %R)",
+                 origin, name, avail);
+    Py_DECREF(avail);
+    return -1;
+}
+
+static int format_index(int qtype) {
+    for (int i = 0; i < N_FORMATS; i++)
+        if (g_formats[i].ggml_type == qtype) return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------- thread pool */
+
+typedef struct {
+    fs_qmm_fn fn;
+    const float *x;
+    size_t ldx, m, kb, n, row_bytes;
+    const uint8_t *w;
+    float *y;
+} task_t;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int started;   /* workers running (threads - 1) */
+    int wanted;    /* threads a call may use, caller included */
+    task_t task;
+    int parts;     /* shares of the current task */
+    atomic_uint generation; /* bumped per task */
+    atomic_int pending;     /* worker shares not yet done */
+    atomic_int quit;
+    /* The generation when worker i was created: it serves the tasks after that one. A worker
+     * that read the generation itself once running could start after the first task was
+     * posted, take that task as already seen and never answer it. */
+    unsigned born[MAX_THREADS];
+} g_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, {0}, 0, 0, 0, 0, {0}};
+
+static atomic_flag g_pool_busy = ATOMIC_FLAG_INIT;
+
+static void run_share(const task_t *t, int part, int parts) {
+    size_t per = (t->n + (size_t)parts - 1) / (size_t)parts;
+    per = (per + SHARE_ROWS - 1) / SHARE_ROWS * SHARE_ROWS;
+    size_t lo = per * (size_t)part, hi = lo + per;
+    if (hi > t->n) hi = t->n;
+    if (lo >= hi) return;
+    for (size_t i0 = 0; i0 < t->m; i0 += FS_Q_MAX_ROWS) {
+        size_t rows = t->m - i0 < FS_Q_MAX_ROWS ? t->m - i0 : FS_Q_MAX_ROWS;
+        fs_qjob job = {t->x + i0 * t->ldx, t->ldx, t->w + lo * t->row_bytes, t->row_bytes,
+                       hi - lo, t->kb, t->y + i0 * t->n + lo, t->n, rows};
+        t->fn(&job);
+    }
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *worker(void *arg) {
+    int index = (int)(intptr_t)arg; /* share number: 1 .. threads - 1 */
+    unsigned seen = g_pool.born[index];
+    for (;;) {
+        unsigned now;
+        int spins = 0;
+        while ((now = atomic_load(&g_pool.generation)) == seen && !atomic_load(&g_pool.quit)) {
+            if (++spins < SPIN_ITERS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&g_pool.lock);
+            while (atomic_load(&g_pool.generation) == seen && !atomic_load(&g_pool.quit))
+                pthread_cond_wait(&g_pool.wake, &g_pool.lock);
+            pthread_mutex_unlock(&g_pool.lock);
+        }
+        if (atomic_load(&g_pool.quit)) return NULL;
+        seen = now;
+        if (index < g_pool.parts) run_share(&g_pool.task, index, g_pool.parts);
+        atomic_fetch_sub(&g_pool.pending, 1);
+    }
+}
+
+static void pool_after_fork_child(void) {
+    /* The workers did not survive the fork: start afresh on the next large call. */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+    g_pool.lock = fresh;
+    g_pool.wake = cond;
+    g_pool.started = 0;
+    atomic_store(&g_pool.pending, 0);
+}
+
+/* Start workers up to wanted - 1 (called with the GIL held). */
+static void pool_grow(void) {
+    while (g_pool.started < g_pool.wanted - 1) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        g_pool.born[g_pool.started + 1] = atomic_load(&g_pool.generation);
+        int rc = pthread_create(&th, &attr, worker, (void *)(intptr_t)(g_pool.started + 1));
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break; /* fewer threads: still correct */
+        g_pool.started++;
+    }
+}
+
+static void run_task(const task_t *t, int parts) {
+    if (parts <= 1) {
+        run_share(t, 0, 1);
+        return;
+    }
+    g_pool.task = *t;
+    g_pool.parts = parts;
+    atomic_store(&g_pool.pending, g_pool.started);
+    pthread_mutex_lock(&g_pool.lock);
+    atomic_fetch_add(&g_pool.generation, 1);
+    pthread_cond_broadcast(&g_pool.wake);
+    pthread_mutex_unlock(&g_pool.lock);
+    run_share(t, 0, parts);
+    /* Spin briefly, then yield: a worker descheduled by another process must get the core. */
+    for (int spins = 0; atomic_load(&g_pool.pending) > 0; spins++) {
+        if (spins < SPIN_ITERS)
+            cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+static int default_threads(void) {
+    cpu_set_t set;
+    int n = 1;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n < 1) n = 1;
+    return n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+/* ----------------------------------------------------------------- buffers */
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} buf_t;
+
+static void release(buf_t *b) {
+    if (b->held) {
+        PyBuffer_Release(&b->view);
+        b->held = 0;
+    }
+}
+
+static int is_float32(const Py_buffer *v) {
+    const char *f = v->format;
+    if (f == NULL || v->itemsize != 4) return 0;
+    return strcmp(f, "f") == 0 || strcmp(f, "@f") == 0 || strcmp(f, "=f") == 0 ||
+           strcmp(f, "<f") == 0;
+}
+
+static int acquire(PyObject *obj, const char *name, int writable, buf_t *b) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &b->view, flags) == 0) {
+        b->held = 1;
+        return 0;
+    }
+    PyErr_Clear();
+    Py_buffer probe;
+    if (PyObject_GetBuffer(obj, &probe, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        PyObject *tn = PyType_GetName(Py_TYPE(obj));
+        PyErr_Format(PyExc_TypeError,
+                     "%s must support the buffer protocol (a NumPy array, memoryview, bytes "
+                     "or a CPU tensor's .numpy()); got %S",
+                     name, tn ? tn : Py_None);
+        Py_XDECREF(tn);
+        return -1;
+    }
+    if (writable && probe.readonly)
+        PyErr_Format(PyExc_ValueError,
+                     "%s is read-only; pass a writable float32 array (or out=None)", name);
+    else
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be C-contiguous; pass numpy.ascontiguousarray(%s)", name, name);
+    PyBuffer_Release(&probe);
+    return -1;
+}
+
+static PyObject *g_np_empty;
+
+static PyObject *new_float_array(Py_ssize_t rows, Py_ssize_t cols, int two_d) {
+    if (g_np_empty == NULL) {
+        PyObject *np = PyImport_ImportModule("numpy");
+        if (np == NULL) return NULL;
+        g_np_empty = PyObject_GetAttrString(np, "empty");
+        Py_DECREF(np);
+        if (g_np_empty == NULL) return NULL;
+    }
+    PyObject *shape = two_d ? Py_BuildValue("(nn)", rows, cols) : Py_BuildValue("(n)", cols);
+    if (shape == NULL) return NULL;
+    PyObject *out = PyObject_CallFunction(g_np_empty, "Os", shape, "float32");
+    Py_DECREF(shape);
+    return out;
+}
+
+/* w: itemsize 1, exactly `need` bytes. */
+static int check_weights(buf_t *w, Py_ssize_t need, const char *what) {
+    if (w->view.itemsize != 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "w must be a buffer of bytes (itemsize 1, e.g. uint8); got itemsize %zd",
+                     w->view.itemsize);
+        return -1;
+    }
+    if (w->view.len != need) {
+        PyErr_Format(PyExc_ValueError, "w holds %zd bytes, but %s needs exactly %zd",
+                     w->view.len, what, need);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_geometry(int qtype, Py_ssize_t n, Py_ssize_t k, int *fi) {
+    *fi = format_index(qtype);
+    if (*fi < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "qtype %d is not a supported GGML type; supported: 2 (Q4_0), 3 (Q4_1), "
+                     "8 (Q8_0), 12 (Q4_K), 14 (Q6_K)",
+                     qtype);
+        return -1;
+    }
+    const fs_qformat *f = &g_formats[*fi];
+    if (n < 1) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 1, got %zd", n);
+        return -1;
+    }
+    if (k < 1 || k % (Py_ssize_t)f->block_elems != 0) {
+        PyErr_Format(PyExc_ValueError, "k must be a positive multiple of %zu for %s, got %zd",
+                     f->block_elems, f->name, k);
+        return -1;
+    }
+    if (n > PY_SSIZE_T_MAX / (k / (Py_ssize_t)f->block_elems) / (Py_ssize_t)f->block_bytes) {
+        PyErr_SetString(PyExc_ValueError, "n * k is too large");
+        return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t weight_bytes(int fi, Py_ssize_t n, Py_ssize_t k) {
+    const fs_qformat *f = &g_formats[fi];
+    return n * (k / (Py_ssize_t)f->block_elems) * (Py_ssize_t)f->block_bytes;
+}
+
+static int overlaps(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = (const char *)a->buf, *b0 = (const char *)b->buf;
+    return a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
+/* ------------------------------------------------------------------ qmatmul */
+
+static PyObject *py_qmatmul(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kw[] = {"x", "w", "qtype", "n", "k", "out", NULL};
+    PyObject *xo, *wo, *outo = Py_None;
+    int qtype;
+    Py_ssize_t n, k;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOinn|O:qmatmul", kw, &xo, &wo, &qtype, &n,
+                                     &k, &outo))
+        return NULL;
+    int fi;
+    if (check_geometry(qtype, n, k, &fi) < 0) return NULL;
+    buf_t x = {0}, w = {0}, out = {0};
+    PyObject *result = NULL, *made = NULL;
+    if (acquire(xo, "x", 0, &x) < 0) goto done;
+    if (!is_float32(&x.view)) {
+        PyErr_Format(PyExc_TypeError, "x must hold float32 (format 'f'); got format '%s'",
+                     x.view.format ? x.view.format : "B");
+        goto done;
+    }
+    if ((x.view.ndim != 1 && x.view.ndim != 2) || x.view.shape[x.view.ndim - 1] != k) {
+        PyErr_Format(PyExc_ValueError, "x must have shape (m, k) or (k,) with k = %zd", k);
+        goto done;
+    }
+    Py_ssize_t m = x.view.ndim == 2 ? x.view.shape[0] : 1;
+    if (m < 1) {
+        PyErr_SetString(PyExc_ValueError, "x has no rows (m = 0)");
+        goto done;
+    }
+    if (acquire(wo, "w", 0, &w) < 0) goto done;
+    if (check_weights(&w, weight_bytes(fi, n, k), "n x k of this qtype") < 0) goto done;
+    if (outo == Py_None) {
+        made = new_float_array(m, n, x.view.ndim == 2);
+        if (made == NULL) goto done;
+        outo = made;
+    }
+    if (acquire(outo, "out", 1, &out) < 0) goto done;
+    if (!is_float32(&out.view) || out.view.len != (Py_ssize_t)(m * n * 4) ||
+        out.view.ndim != x.view.ndim) {
+        PyErr_Format(PyExc_ValueError,
+                     "out must be a writable float32 array of shape %s (m = %zd, n = %zd)",
+                     x.view.ndim == 2 ? "(m, n)" : "(n,)", m, n);
+        goto done;
+    }
+    if (overlaps(&out.view, &x.view) || overlaps(&out.view, &w.view)) {
+        PyErr_SetString(PyExc_ValueError, "out must not overlap x or w");
+        goto done;
+    }
+    const fs_qformat *f = &g_formats[fi];
+    task_t t = {g_active->fn[fi], (const float *)x.view.buf, (size_t)k, (size_t)m,
+                (size_t)k / f->block_elems, (size_t)n,
+                (size_t)k / f->block_elems * f->block_bytes, (const uint8_t *)w.view.buf,
+                (float *)out.view.buf};
+    double macs = (double)m * (double)n * (double)k;
+    if (macs < PARALLEL_MIN_MACS || g_pool.wanted <= 1) {
+        run_share(&t, 0, 1);
+    } else if (atomic_flag_test_and_set(&g_pool_busy)) {
+        /* Another Python thread holds the pool: this call runs on its own thread. */
+        Py_BEGIN_ALLOW_THREADS
+        run_share(&t, 0, 1);
+        Py_END_ALLOW_THREADS
+    } else {
+        pool_grow();
+        int parts = g_pool.started + 1 < g_pool.wanted ? g_pool.started + 1 : g_pool.wanted;
+        Py_BEGIN_ALLOW_THREADS
+        run_task(&t, parts);
+        Py_END_ALLOW_THREADS
+        atomic_flag_clear(&g_pool_busy);
+    }
+    result = outo;
+    Py_INCREF(result);
+done:
+    release(&x);
+    release(&w);
+    release(&out);
+    Py_XDECREF(made);
+    return result;
+}
+
+/* ---------------------------------------------------------------- dequantize */
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kw[] = {"w", "qtype", "n", "k", "out", NULL};
+    PyObject *wo, *outo = Py_None;
+    int qtype;
+    Py_ssize_t n, k;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oinn|O:dequantize", kw, &wo, &qtype, &n,
+                                     &k, &outo))
+        return NULL;
+    int fi;
+    if (check_geometry(qtype, n, k, &fi) < 0) return NULL;
+    buf_t w = {0}, out = {0};
+    PyObject *result = NULL, *made = NULL;
+    if (acquire(wo, "w", 0, &w) < 0) goto done;
+    if (check_weights(&w, weight_bytes(fi, n, k), "n x k of this qtype") < 0) goto done;
+    if (outo == Py_None) {
+        made = new_float_array(n, k, 1);
+        if (made == NULL) goto done;
+        outo = made;
+    }
+    if (acquire(outo, "out", 1, &out) < 0) goto done;
+    if (!is_float32(&out.view) || out.view.len != n * k * 4) {
+        PyErr_Format(PyExc_ValueError, "out must be a writable float32 array of %zd x %zd", n,
+                     k);
+        goto done;
+    }
+    if (overlaps(&out.view, &w.view)) {
+        PyErr_SetString(PyExc_ValueError, "out must not overlap w");
+        goto done;
+    }
+    {
+        const fs_qformat *f = &g_formats[fi];
+        size_t kb = (size_t)k / f->block_elems, rb = kb * f->block_bytes;
+        const uint8_t *src = (const uint8_t *)w.view.buf;
+        float *dst = (float *)out.view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < n; j++) g_dequant[fi](src + (size_t)j * rb, kb, dst + j * k);
+        Py_END_ALLOW_THREADS
+    }
+    result = outo;
+    Py_INCREF(result);
+done:
+    release(&w);
+    release(&out);
+    Py_XDECREF(made);
+    return result;
+}
+
+static PyObject *py_dequantize_rows(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kw[] = {"w", "qtype", "k", "rows", "out", NULL};
+    PyObject *wo, *ro, *outo = Py_None;
+    int qtype;
+    Py_ssize_t k;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OinO|O:dequantize_rows", kw, &wo, &qtype,
+                                     &k, &ro, &outo))
+        return NULL;
+    int fi;
+    if (check_geometry(qtype, 1, k, &fi) < 0) return NULL;
+    buf_t w = {0}, r = {0}, out = {0};
+    PyObject *result = NULL, *made = NULL;
+    if (acquire(wo, "w", 0, &w) < 0) goto done;
+    if (acquire(ro, "rows", 0, &r) < 0) goto done;
+    if (r.view.itemsize != 8 || r.view.format == NULL ||
+        (strcmp(r.view.format, "q") != 0 && strcmp(r.view.format, "l") != 0 &&
+         strcmp(r.view.format, "<q") != 0 && strcmp(r.view.format, "=q") != 0) ||
+        r.view.ndim != 1) {
+        PyErr_SetString(PyExc_TypeError, "rows must be a 1-D int64 array of row indices");
+        goto done;
+    }
+    Py_ssize_t count = r.view.shape[0];
+    Py_ssize_t row_bytes = weight_bytes(fi, 1, k);
+    if (w.view.itemsize != 1 || w.view.len % row_bytes != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "w must be bytes holding whole rows of %zd bytes (k = %zd); got %zd bytes",
+                     row_bytes, k, w.view.len);
+        goto done;
+    }
+    Py_ssize_t n = w.view.len / row_bytes;
+    const int64_t *idx = (const int64_t *)r.view.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (idx[i] < 0 || idx[i] >= n) {
+            PyErr_Format(PyExc_IndexError, "rows[%zd] = %lld is outside 0..%zd", i,
+                         (long long)idx[i], n - 1);
+            goto done;
+        }
+    }
+    if (outo == Py_None) {
+        made = new_float_array(count, k, 1);
+        if (made == NULL) goto done;
+        outo = made;
+    }
+    if (acquire(outo, "out", 1, &out) < 0) goto done;
+    if (!is_float32(&out.view) || out.view.len != count * k * 4) {
+        PyErr_Format(PyExc_ValueError, "out must be a writable float32 array of %zd x %zd",
+                     count, k);
+        goto done;
+    }
+    if (overlaps(&out.view, &w.view) || overlaps(&out.view, &r.view)) {
+        PyErr_SetString(PyExc_ValueError, "out must not overlap w or rows");
+        goto done;
+    }
+    {
+        size_t kb = (size_t)k / g_formats[fi].block_elems;
+        const uint8_t *src = (const uint8_t *)w.view.buf;
+        float *dst = (float *)out.view.buf;
+        for (Py_ssize_t i = 0; i < count; i++)
+            g_dequant[fi](src + (size_t)idx[i] * (size_t)row_bytes, kb, dst + i * k);
+    }
+    result = outo;
+    Py_INCREF(result);
+done:
+    release(&w);
+    release(&r);
+    release(&out);
+    Py_XDECREF(made);
+    return result;
+}
+
+/* ------------------------------------------------------------------- small */
+
+static PyObject *py_formats(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && i < N_FORMATS; i++) {
+        PyObject *key = PyLong_FromLong(g_formats[i].ggml_type);
+        PyObject *val = Py_BuildValue("(snn)", g_formats[i].name,
+                                      (Py_ssize_t)g_formats[i].block_elems,
+                                      (Py_ssize_t)g_formats[i].block_bytes);
+        if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) Py_CLEAR(d);
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+    }
+    return d;
+}
+
+static PyObject *py_backend(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(g_active->name);
+}
+
+static PyObject *py_available_backends(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return available_names();
+}
+
+static PyObject *py_set_backend(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_backend takes a backend name (str)");
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8AndSize(arg, NULL);
+    if (name == NULL || select_backend(name, PyExc_ValueError, "set_backend") < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_threads(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(g_pool.wanted);
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "set_threads takes 1..%d, got %ld", MAX_THREADS, n);
+        return NULL;
+    }
+    /* More workers start on demand; with fewer, the extra ones get no share. */
+    g_pool.wanted = (int)n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cpu_features(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O}", "avx2",
+                         fs_cpu_has_avx2(&g_cpu) ? Py_True : Py_False, "fma",
+                         g_cpu.fma ? Py_True : Py_False, "f16c", g_cpu.f16c ? Py_True : Py_False,
+                         "avx512f", fs_cpu_has_avx512(&g_cpu) ? Py_True : Py_False, "avx512bw",
+                         g_cpu.avx512bw ? Py_True : Py_False, "avx512vl",
+                         g_cpu.avx512vl ? Py_True : Py_False);
+}
+
+static PyObject *py_abi_version(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(FS_QUANT_ABI_VERSION);
+}
+
+static PyMethodDef methods[] = {
+    {"qmatmul", (PyCFunction)(void (*)(void))py_qmatmul, METH_VARARGS | METH_KEYWORDS,
+     "qmatmul(x, w, qtype, n, k, out=None)\n--\n\n"
+     "y = x @ W.T for W (n, k) kept as GGUF blocks of GGML type qtype in the bytes w; x is "
+     "float32 (m, k) or (k,), out float32 (m, n) or (n,) (a new NumPy array when None). Every "
+     "weight takes exactly its dequantized value; sums are float32."},
+    {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
+     "dequantize(w, qtype, n, k, out=None)\n--\n\nW as float32 (n, k), gguf-py's values."},
+    {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows,
+     METH_VARARGS | METH_KEYWORDS,
+     "dequantize_rows(w, qtype, k, rows, out=None)\n--\n\n"
+     "Rows `rows` (int64) of W as float32 (len(rows), k): an embedding lookup."},
+    {"formats", py_formats, METH_NOARGS,
+     "formats()\n--\n\n{GGML type id: (name, block elements, block bytes)}."},
+    {"backend", py_backend, METH_NOARGS, "backend()\n--\n\nThe backend in use."},
+    {"available_backends", py_available_backends, METH_NOARGS,
+     "available_backends()\n--\n\nBackends this build and CPU can run, slowest first."},
+    {"set_backend", py_set_backend, METH_O,
+     "set_backend(name, /)\n--\n\nSwitch backend (FLASHSPEC_QUANT_KERNEL does it at import)."},
+    {"threads", py_threads, METH_NOARGS, "threads()\n--\n\nThreads a large call uses."},
+    {"set_threads", py_set_threads, METH_O,
+     "set_threads(n, /)\n--\n\nThreads a large call uses (FLASHSPEC_QUANT_THREADS at import)."},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features()\n--\n\nCPUID facts."},
+    {"abi_version", py_abi_version, METH_NOARGS, "abi_version()\n--\n\nInterface version."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "flashspec._quant",
+    "Exact matmuls over GGUF quantized blocks (NASM AVX2/AVX-512 with a portable C fallback, "
+    "chosen at import by CPUID).",
+    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__quant(void) {
+    fs_cpu_detect(&g_cpu);
+    register_backends();
+    g_active = &g_backends[g_n_backends - 1];
+    const char *forced = getenv(ENV_KERNEL);
+    if (forced != NULL && forced[0] != '\0' && strcmp(forced, "auto") != 0) {
+        if (select_backend(forced, PyExc_ImportError, ENV_KERNEL) < 0) return NULL;
+    }
+    g_pool.wanted = default_threads();
+    const char *threads = getenv(ENV_THREADS);
+    if (threads != NULL && threads[0] != '\0') {
+        char *end;
+        long n = strtol(threads, &end, 10);
+        if (*end != '\0' || n < 1 || n > MAX_THREADS) {
+            PyErr_Format(PyExc_ImportError, "%s must be 1..%d, got '%s'", ENV_THREADS,
+                         MAX_THREADS, threads);
+            return NULL;
+        }
+        g_pool.wanted = (int)n;
+    }
+    static int atfork_done;
+    if (!atfork_done) {
+        pthread_atfork(NULL, NULL, pool_after_fork_child);
+        atfork_done = 1;
+    }
+    return PyModule_Create(&module);
+}

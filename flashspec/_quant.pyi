@@ -1,0 +1,46 @@
+"""Types for the native extension flashspec._quant (ext/_quant.c)."""
+
+from typing import Any
+
+from numpy.typing import NDArray
+from typing_extensions import Buffer
+
+_Buf = Buffer | NDArray[Any]
+
+def qmatmul(x: _Buf, w: _Buf, qtype: int, n: int, k: int, out: _Buf | None = None) -> Any:
+    """y = x @ W.T for W (n, k) kept as GGUF blocks of GGML type ``qtype`` in the bytes ``w``.
+
+    ``x`` is float32 (m, k) or (k,); ``out`` float32 (m, n) or (n,) (a new NumPy array when
+    None). Every weight takes exactly its dequantized value; sums are float32. ValueError or
+    TypeError, naming the argument, on bad buffers.
+    """
+
+def dequantize(w: _Buf, qtype: int, n: int, k: int, out: _Buf | None = None) -> Any:
+    """W as float32 (n, k): gguf-py's values."""
+
+def dequantize_rows(w: _Buf, qtype: int, k: int, rows: _Buf, out: _Buf | None = None) -> Any:
+    """Rows ``rows`` (int64) of W as float32 (len(rows), k): an embedding lookup."""
+
+def formats() -> dict[int, tuple[str, int, int]]:
+    """{GGML type id: (name, block elements, block bytes)}."""
+
+def backend() -> str:
+    """The backend in use: 'scalar', 'avx2' or 'avx512'."""
+
+def available_backends() -> list[str]:
+    """Backends this build and CPU can run, slowest first."""
+
+def set_backend(name: str, /) -> None:
+    """Switch backend for this process; ValueError if it is not available."""
+
+def threads() -> int:
+    """Threads a large call uses."""
+
+def set_threads(n: int, /) -> None:
+    """Threads a large call uses (1..8)."""
+
+def cpu_features() -> dict[str, bool]:
+    """CPUID/XGETBV facts behind the dispatch."""
+
+def abi_version() -> int:
+    """Version of the module interface and kernel contract."""

@@ -1,0 +1,183 @@
+"""``flashspec bench quant``: the quantized matmul kernels (``flashspec._quant``) per GGUF format,
+backend and row count, against this machine's measured read bandwidth and against torch's dense
+float32 and bfloat16 matmuls of the same shape (``quant.json``).
+
+Shapes are SmolLM2-135M's: the attention and feed-forward projections (576 x 576, 1536 x 576,
+576 x 1536) and the tied 49,152 x 576 head. Weights are random blocks quantized by gguf-py, so
+every byte a kernel reads is a real block of its format. Times are medians of alternating
+repeats after a warm-up; GB/s counts the weight bytes one call reads (the rows of x and y are
+small beside them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .common import machine_info, progress, quiet_timing, write_json
+
+SHAPES: tuple[tuple[str, int, int], ...] = (
+    ("attn 576x576", 576, 576),
+    ("ffn up 1536x576", 1536, 576),
+    ("ffn down 576x1536", 576, 1536),
+    ("head 49152x576", 49152, 576),
+)
+QUICK_SHAPES = SHAPES[1:2] + SHAPES[3:]
+ROWS = (1, 2, 3, 5, 8, 16)
+QUICK_ROWS = (1, 5, 16)
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+BANDWIDTH_BYTES = 512 << 20
+
+
+def read_bandwidth(repeats: int = 7) -> float:
+    """GB/s of a torch sum over a 512 MiB float32 tensor (torch's threads), the best of
+    ``repeats``: what streaming the weights once could reach on this machine."""
+    import torch
+
+    big = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
+    big.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        big.sum()
+        best = min(best, time.perf_counter() - start)
+    return BANDWIDTH_BYTES / best / 1e9
+
+
+def random_blocks(name: str, n: int, k: int, seed: int = 0) -> npt.NDArray[np.uint8]:
+    """(n, row bytes) uint8 blocks of format ``name`` holding random weights, quantized by
+    gguf-py (or random bytes with finite scales where gguf-py cannot quantize the format)."""
+    from gguf import GGMLQuantizationType, quants
+
+    kind = GGMLQuantizationType[name]
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((n, k), dtype=np.float32) * 0.05
+    try:
+        return np.ascontiguousarray(quants.quantize(weights, kind))
+    except NotImplementedError:
+        from gguf.constants import GGML_QUANT_SIZES
+
+        elems, size = GGML_QUANT_SIZES[kind]
+        raw = rng.integers(0, 256, size=(n, k // elems, size), dtype=np.uint8)
+        # Every fp16 field a small finite value: 0x2000..0x27ff is about 0.008-0.03.
+        scale = rng.integers(0x2000, 0x2800, size=(n, k // elems), dtype=np.uint16)
+        where = size - 2 if name == "Q6_K" else 0
+        raw[..., where : where + 2] = scale.view(np.uint8).reshape(n, k // elems, 2)
+        if name == "Q4_K":
+            raw[..., 2:4] = scale.view(np.uint8).reshape(n, k // elems, 2)
+        return raw.reshape(n, -1)
+
+
+def _median_seconds(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int) -> float:
+    fn(*args)
+    times = []
+    with quiet_timing():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
+    """One row per (shape, format, backend, rows): the kernel's ms, GB/s and ns per row, beside
+    torch's dense float32 and bfloat16 ``x @ W.T`` of the same shape and rows."""
+    import torch
+
+    from .. import _quant as Q
+
+    backends = list(Q.available_backends())
+    shapes = QUICK_SHAPES if quick else SHAPES
+    counts = QUICK_ROWS if quick else ROWS
+    ids = {name: number for number, (name, _, _) in Q.formats().items()}
+    formats = [f for f in FORMATS if f in ids]
+    repeats = 9 if quick else 25
+    rows: list[dict[str, Any]] = []
+    jobs = [(s, f) for s in shapes for f in formats]
+    for (label, n, k), fmt in progress(jobs, desc="shapes x formats", disable=not show_progress):
+        blocks = random_blocks(fmt, n, k)
+        dense = torch.from_numpy(Q.dequantize(blocks, ids[fmt], n, k))
+        dense_bf16 = dense.to(torch.bfloat16)
+        for m in counts:
+            x = np.random.default_rng(m).standard_normal((m, k), dtype=np.float32)
+            out = np.empty((m, n), dtype=np.float32)
+            xt = torch.from_numpy(x)
+            xb = xt.to(torch.bfloat16)
+            torch_fp32 = _median_seconds(torch.matmul, (xt, dense.T), repeats)
+            torch_bf16 = _median_seconds(torch.matmul, (xb, dense_bf16.T), repeats)
+            for backend in backends:
+                Q.set_backend(backend)
+                seconds = _median_seconds(Q.qmatmul, (x, blocks, ids[fmt], n, k, out), repeats)
+                rows.append(
+                    {
+                        "shape": label, "n": n, "k": k, "format": fmt, "backend": backend,
+                        "rows": m, "ms": round(seconds * 1e3, 4),
+                        "weight_gb_per_s": round(blocks.nbytes / seconds / 1e9, 2),
+                        "ns_per_row": round(seconds * 1e9 / m, 1),
+                        "torch_fp32_ms": round(torch_fp32 * 1e3, 4),
+                        "torch_bf16_ms": round(torch_bf16 * 1e3, 4),
+                    }
+                )  # fmt: skip
+    Q.set_backend(backends[-1])
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], bandwidth: float) -> dict[str, Any]:
+    """Per format and backend: the fraction of read bandwidth at one row, and the cost of
+    5 and 16 rows over one (on the largest shape, the head, where the weights dominate)."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        if row["rows"] != 1:
+            continue
+        key = f"{row['format']}/{row['backend']}/{row['shape']}"
+        where = (row["format"], row["backend"], row["shape"])
+        same = {
+            r["rows"]: r["ms"] for r in rows if (r["format"], r["backend"], r["shape"]) == where
+        }
+        out[key] = {
+            "bandwidth_fraction_1_row": round(row["weight_gb_per_s"] / bandwidth, 3),
+            "rows_5_over_1": round(same[5] / same[1], 3) if 5 in same else None,
+            "rows_16_over_1": round(same[16] / same[1], 3) if 16 in same else None,
+        }
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the kernel benchmark and write ``quant.json`` to ``args.out_dir``."""
+    try:
+        from .. import _quant as Q
+    except ImportError as exc:
+        print(f"flashspec._quant is not built ({exc})", file=sys.stderr)
+        return 2
+    machine = machine_info()
+    machine["quant_backends"] = list(Q.available_backends())
+    machine["quant_threads"] = Q.threads()
+    bandwidth = read_bandwidth()
+    rows = measure(args.quick, not args.no_progress)
+    data = {
+        "machine": machine,
+        "kind": "quant",
+        "read_gb_per_s": round(bandwidth, 2),
+        "settings": {
+            "threads": Q.threads(),
+            "note": "median of alternating repeats; GB/s = weight bytes / seconds",
+        },
+        "summary": summarise(rows, bandwidth),
+        "rows": rows,
+    }
+    write_json(data, args.out_dir / f"{args.name}.json")
+    print(f"read bandwidth {bandwidth:.1f} GB/s")
+    for row in rows:
+        print(
+            f"{row['shape']:18s} {row['format']:5s} {row['backend']:7s} m={row['rows']:2d} "
+            f"{row['ms']:8.3f} ms {row['weight_gb_per_s']:6.1f} GB/s "
+            f"(torch fp32 {row['torch_fp32_ms']:.3f} ms, bf16 {row['torch_bf16_ms']:.3f} ms)"
+        )
+    return 0

@@ -1,0 +1,88 @@
+"""The quantized matmul as torch sees it: ``qmatmul(x, blocks, qtype, n, k)``.
+
+Eager calls go straight to the extension (``flashspec._quant``): a few hundred of them make one
+decoding step, and the dispatcher's cost per call would be a visible share of it. Under
+``torch.compile`` the same function is the custom op ``flashspec::qmatmul`` with a fake
+implementation, so a compiled graph calls the kernel as one opaque node.
+
+Rows of ``x`` beyond ``DENSE_ROWS`` (a prompt's prefill) take the other road: the weights are
+dequantized to their exact float32 values and torch's BLAS multiplies them; a kernel that reads
+the blocks once per 12 rows would redo the unpacking for every pass.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import torch
+
+DENSE_ROWS = 48
+"""More rows than this in one product: dequantize the weights and call torch's matmul."""
+
+
+@functools.lru_cache(maxsize=1)
+def kernels() -> ModuleType:
+    """``flashspec._quant``, imported once.
+
+    Raises:
+        ImportError: the extension is not built in this installation.
+    """
+    from .. import _quant
+
+    return _quant
+
+
+def available() -> bool:
+    """Whether the quantized kernels are built and importable here."""
+    try:
+        kernels()
+    except ImportError:
+        return False
+    return True
+
+
+def formats() -> dict[int, tuple[str, int, int]]:
+    """{GGML type id: (name, block elements, block bytes)} of the formats the kernels take."""
+    return dict(kernels().formats())
+
+
+def dequantize(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
+    """The (n, k) float32 weights of ``blocks``: exactly gguf-py's ``dequantize``."""
+    return torch.from_numpy(kernels().dequantize(blocks.numpy(), qtype, n, k))
+
+
+def qmatmul_eager(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int
+) -> torch.Tensor:
+    """(m, k) float32 ``x`` times the (n, k) quantized weights transposed: (m, n) float32."""
+    if x.requires_grad:
+        x = x.detach()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.shape[0] > DENSE_ROWS:
+        return x @ dequantize(blocks, qtype, n, k).T
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    kernels().qmatmul(x.numpy(), blocks.numpy(), qtype, n, k, out.numpy())
+    return out
+
+
+@torch.library.custom_op("flashspec::qmatmul", mutates_args=())
+def qmatmul_op(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
+    """``qmatmul_eager`` as a torch custom op (what compiled graphs call)."""
+    return qmatmul_eager(x, blocks, qtype, n, k)
+
+
+@qmatmul_op.register_fake
+def _qmatmul_fake(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], n))
+
+
+def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
+    """``x @ W.T`` for (m, k) float32 ``x``; the custom op while compiling, else the kernel."""
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = qmatmul_op(x, blocks, qtype, n, k)
+        return out
+    return qmatmul_eager(x, blocks, qtype, n, k)
