@@ -402,8 +402,9 @@ static PyObject *py_qmatmul(PyObject *self, PyObject *args, PyObject *kwargs) {
         outo = made;
     }
     if (acquire(outo, "out", 1, &out) < 0) goto done;
-    if (!is_float32(&out.view) || out.view.len != (Py_ssize_t)(m * n * 4) ||
-        out.view.ndim != x.view.ndim) {
+    if (!is_float32(&out.view) || out.view.ndim != x.view.ndim ||
+        (x.view.ndim == 2 && (out.view.shape[0] != m || out.view.shape[1] != n)) ||
+        (x.view.ndim == 1 && out.view.shape[0] != n)) {
         PyErr_Format(PyExc_ValueError,
                      "out must be a writable float32 array of shape %s (m = %zd, n = %zd)",
                      x.view.ndim == 2 ? "(m, n)" : "(n,)", m, n);
@@ -467,9 +468,10 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kwargs)
         outo = made;
     }
     if (acquire(outo, "out", 1, &out) < 0) goto done;
-    if (!is_float32(&out.view) || out.view.len != n * k * 4) {
-        PyErr_Format(PyExc_ValueError, "out must be a writable float32 array of %zd x %zd", n,
-                     k);
+    if (!is_float32(&out.view) || out.view.ndim != 2 || out.view.shape[0] != n ||
+        out.view.shape[1] != k) {
+        PyErr_Format(PyExc_ValueError, "out must be a writable float32 array of shape (%zd, %zd)",
+                     n, k);
         goto done;
     }
     if (overlaps(&out.view, &w.view)) {
@@ -539,8 +541,9 @@ static PyObject *py_dequantize_rows(PyObject *self, PyObject *args, PyObject *kw
         outo = made;
     }
     if (acquire(outo, "out", 1, &out) < 0) goto done;
-    if (!is_float32(&out.view) || out.view.len != count * k * 4) {
-        PyErr_Format(PyExc_ValueError, "out must be a writable float32 array of %zd x %zd",
+    if (!is_float32(&out.view) || out.view.ndim != 2 || out.view.shape[0] != count ||
+        out.view.shape[1] != k) {
+        PyErr_Format(PyExc_ValueError, "out must be a writable float32 array of shape (%zd, %zd)",
                      count, k);
         goto done;
     }

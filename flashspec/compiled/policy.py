@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import torch
+
 if TYPE_CHECKING:
     from ..models import CausalLM
 
@@ -63,6 +65,20 @@ def obstacle(lm: CausalLM) -> str | None:
     return None
 
 
+def _weights(model: torch.nn.Module) -> int:
+    """Weights of ``model``: its parameters and the weights its quantized layers hold as
+    blocks (``flashspec.quant``), which are buffers, not parameters."""
+    from ..quant.layers import QuantEmbedding, QuantLinear
+
+    count = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            count += module.out_features * module.in_features
+        elif isinstance(module, QuantEmbedding):
+            count += module.num_embeddings * module.embedding_dim
+    return count
+
+
 def _compiler() -> str | None:
     for name in ("g++", "c++", "clang++"):
         if shutil.which(name):
@@ -104,7 +120,7 @@ def resolve_compile(
     if device is not None and device.type == "cuda":
         return CompileDecision(True, "compile='auto' on CUDA (decode steps replayed as graphs)")
     if long_lived:
-        parameters = sum(p.numel() for p in models[0].model.parameters()) if models else 0
+        parameters = _weights(models[0].model) if models else 0
         if parameters > AUTO_CPU_PARAMETERS:
             return CompileDecision(
                 False,

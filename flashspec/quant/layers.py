@@ -9,9 +9,11 @@ the rows it looks up; a tied model's head is a ``QuantLinear`` over the same blo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .ops import dequantize, formats, kernels, qmatmul
+from .ops import DENSE_ROWS, dequantize, embed, embed_eager, formats, kernels, qmatmul
 
 
 def _check_blocks(blocks: torch.Tensor, qtype: int, rows: int, features: int) -> str:
@@ -56,6 +58,8 @@ class QuantLinear(torch.nn.Module):
         self.out_features = int(blocks.shape[0])
         self.register_buffer("blocks", blocks, persistent=False)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self._raw_of: torch.Tensor | None = None
+        self._raw_array: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) float32 to (..., out_features) float32."""
@@ -66,18 +70,34 @@ class QuantLinear(torch.nn.Module):
                 "dtype='float32' or 'bfloat16' for dense weights elsewhere)"
             )
         lead = x.shape[:-1]
-        y = qmatmul(x.reshape(-1, self.in_features), self.blocks, self.qtype,
-                    self.out_features, self.in_features)  # fmt: skip
+        rows = x.numel() // self.in_features
+        if rows == 0:
+            y = x.new_empty((*lead, self.out_features))
+        elif rows <= DENSE_ROWS and not torch.compiler.is_compiling():
+            # A decoding step makes ~200 of these calls: the kernel directly, no wrappers.
+            x = x.detach().contiguous()
+            y = torch.empty((*lead, self.out_features), dtype=torch.float32)
+            kernels().qmatmul(x.view(rows, self.in_features).numpy(), self._raw(), self.qtype,
+                              self.out_features, self.in_features,
+                              y.view(rows, self.out_features).numpy())  # fmt: skip
+        else:
+            y = qmatmul(x.reshape(rows, self.in_features), self.blocks, self.qtype,
+                        self.out_features, self.in_features)  # fmt: skip
+            y = y.view(*lead, self.out_features)
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*lead, self.out_features)
+        return y
+
+    def _raw(self) -> Any:
+        """The blocks as a NumPy array, made once (again if the buffer was replaced)."""
+        blocks = self.blocks
+        if self._raw_of is not blocks:
+            self._raw_of, self._raw_array = blocks, blocks.numpy()
+        return self._raw_array
 
     def dense_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """(len(ids), in_features) float32: rows ``ids`` of W at their exact values."""
-        rows = ids.to(torch.int64).contiguous()
-        out = kernels().dequantize_rows(self.blocks.numpy(), self.qtype, self.in_features,
-                                        rows.numpy())  # fmt: skip
-        return torch.from_numpy(out)
+        return embed_eager(ids.reshape(-1), self.blocks, self.qtype, self.in_features)
 
     def dense_weight(self) -> torch.Tensor:
         """The whole (out_features, in_features) float32 weight (a new tensor)."""
@@ -113,10 +133,8 @@ class QuantEmbedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(...) int64 token ids to (..., embedding_dim) float32."""
-        flat = ids.reshape(-1).to(torch.int64).contiguous()
-        out = kernels().dequantize_rows(self.blocks.numpy(), self.qtype, self.embedding_dim,
-                                        flat.numpy())  # fmt: skip
-        return torch.from_numpy(out).view(*ids.shape, self.embedding_dim)
+        rows = embed(ids.reshape(-1), self.blocks, self.qtype, self.embedding_dim)
+        return rows.view(*ids.shape, self.embedding_dim)
 
     def as_linear(self) -> QuantLinear:
         """The tied LM head over the same blocks (no copy)."""

@@ -60,6 +60,8 @@ def qmatmul_eager(
         x = x.detach()
     if not x.is_contiguous():
         x = x.contiguous()
+    if x.shape[0] == 0:
+        return x.new_empty((0, n))
     if x.shape[0] > DENSE_ROWS:
         return x @ dequantize(blocks, qtype, n, k).T
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
@@ -86,3 +88,28 @@ def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int) -
         out: torch.Tensor = qmatmul_op(x, blocks, qtype, n, k)
         return out
     return qmatmul_eager(x, blocks, qtype, n, k)
+
+
+def embed_eager(ids: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """Rows ``ids`` (1-D int64) of the quantized (n, k) weights: (len(ids), k) float32."""
+    rows = ids.to(torch.int64).contiguous()
+    return torch.from_numpy(kernels().dequantize_rows(blocks.numpy(), qtype, k, rows.numpy()))
+
+
+@torch.library.custom_op("flashspec::qembed", mutates_args=())
+def embed_op(ids: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """``embed_eager`` as a torch custom op (what compiled graphs call)."""
+    return embed_eager(ids, blocks, qtype, k)
+
+
+@embed_op.register_fake
+def _embed_fake(ids: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    return blocks.new_empty((ids.shape[0], k), dtype=torch.float32)
+
+
+def embed(ids: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """An embedding lookup over quantized rows; the custom op while compiling."""
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = embed_op(ids, blocks, qtype, k)
+        return out
+    return embed_eager(ids, blocks, qtype, k)

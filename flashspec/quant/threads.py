@@ -57,7 +57,7 @@ def share_cores(model: torch.nn.Module) -> None:
 
     @functools.wraps(forward)
     def run(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _rows(args, kwargs) > DENSE_ROWS:
+        if torch.compiler.is_compiling() or _rows(args, kwargs) > DENSE_ROWS:
             return forward(*args, **kwargs)
         with torch_threads(1):
             return forward(*args, **kwargs)

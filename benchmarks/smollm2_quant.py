@@ -1,0 +1,301 @@
+"""SmolLM2-135M from its GGUF file on the quantized path against what a CPU user would pick.
+
+    python benchmarks/smollm2_quant.py                        # 6 HumanEval + 6 chat requests
+    python benchmarks/smollm2_quant.py --humaneval 1 --chat 1 --max-new-tokens 16 --quick
+
+Methods, on each held-out chat request one after another in a rotating order, after an
+untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
+
+- ``hf_fp32`` / ``hf_bf16``: HF ``generate`` on transformers' dequantized GGUF model (float32 /
+  bfloat16 weights, transformers' own layers and forward);
+- ``fs_plain``: flashspec's target on the quantized path, plain decoding (one forward a token,
+  the argmax): what the kernels and the forward give without speculation;
+- ``fs_default``: ``flashspec generate --target smollm2`` (the default engine: quantized layers,
+  the shipped draft, prompt lookup and plain decoding chosen per round);
+- ``llamacpp`` / ``llamacpp_lookup``: llama.cpp (llama-cpp-python) on the same GGUF, plain and
+  with its own prompt-lookup drafting, the same thread count.
+
+Greedy rows of flashspec are checked against ``hf_fp32`` (transformers' dequantized model) under
+the tie rule (``flashspec._greedy``); llama.cpp's against it too (it quantizes activations, so
+its text may differ). Resident memory after loading each method's model is measured in a fresh
+process (``--rss METHOD``). Writes ``benchmarks/results/smollm2-quant.json``: machine, versions,
+git sha, per-request records, per workload and method the medians of tokens/s and of the
+ratio to llama.cpp plain and to HF fp32. Not a test: numbers depend on load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashspec._greedy import compare_greedy
+from flashspec._lean import hf_forward
+from flashspec._linear import untuned
+from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
+from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
+from flashspec.loading import resolve_named
+from flashspec.models import Padding
+from flashspec.options import EngineOptions
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Held-out everyday requests (written for this file; not among the draft's training prompts).
+CHAT = (
+    "Explain what a hash table is to a beginner.",
+    "Write a haiku about a lighthouse in winter.",
+    "What should I pack for a weekend hiking trip?",
+    "How does a refrigerator keep food cold?",
+    "Give three tips for writing clear emails.",
+    "What is the difference between weather and climate?",
+    "How do I reverse a list in Python without using reverse()?",
+    "Why do leaves change colour in autumn?",
+)
+METHODS = ("hf_fp32", "hf_bf16", "fs_plain", "fs_default", "llamacpp", "llamacpp_lookup")
+LOOKUP_TOKENS = 10
+
+
+def requests(humaneval: int, chat: int) -> list[ChatRequest]:
+    talk = [ChatRequest(f"chat/{i}", "chat", "chat", text) for i, text in enumerate(CHAT)]
+    return humaneval_requests(humaneval) + talk[:chat]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load(method: str) -> Any:
+    """The object a method runs: an engine, an HF model or a llama.cpp model."""
+    if method in ("hf_fp32", "hf_bf16"):
+        dtype = "float32" if method == "hf_fp32" else "bfloat16"
+        return EngineOptions(target="smollm2", drafter="prompt-lookup", dtype=dtype).build()
+    if method in ("fs_plain", "fs_default"):
+        return EngineOptions(target="smollm2").build()
+    import llama_cpp
+    from llama_cpp import llama_speculative
+
+    threads = torch.get_num_threads()
+    draft = (
+        llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)
+        if method == "llamacpp_lookup"
+        else None
+    )
+    return llama_cpp.Llama(
+        model_path=resolve_named("smollm2"), n_threads=threads, n_threads_batch=threads,
+        n_ctx=4096, logits_all=draft is not None, verbose=False, draft_model=draft,
+    )  # fmt: skip
+
+
+class Methods:
+    def __init__(self, quick: bool) -> None:
+        self.objects: dict[str, Any] = {}
+        self.notes: dict[str, str] = {}
+        for method in METHODS:
+            if quick and method.startswith("llamacpp"):
+                continue
+            if method == "fs_plain" and "fs_default" in self.objects:
+                self.objects[method] = self.objects["fs_default"]
+                continue
+            try:
+                self.objects[method] = load(method)
+            except ImportError as exc:
+                self.notes[method] = f"skipped: {exc}"
+        engine = self.objects["fs_default"]
+        self.tokenizer = engine.tokenizer
+        self.eos = list(engine.target.eos_token_ids)
+        self.reference = self.objects["hf_fp32"].target.model
+        self.notes["fs_default"] = "engine: " + ", ".join(d.name for d in engine.drafters)
+
+    def names(self) -> list[str]:
+        return [m for m in METHODS if m in self.objects]
+
+    @torch.inference_mode()
+    def _plain(self, ids: list[int], n: int) -> list[int]:
+        target = self.objects["fs_plain"].target
+        target.reset()
+        padding = Padding(torch.zeros(1, dtype=torch.int64))
+        x = torch.tensor([ids], dtype=torch.int64)
+        out: list[int] = []
+        logits = target.forward(x, padding, 1)
+        while len(out) < n:
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            if token in self.eos:
+                break
+            logits = target.forward(torch.tensor([[token]]), padding, 1)
+        return out
+
+    def _llama(self, llm: Any, ids: list[int], n: int) -> list[int]:
+        out: list[int] = []
+        llm.reset()
+        for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, reset=True):
+            out.append(int(token))
+            if int(token) in self.eos or len(out) >= n:
+                break
+        return out
+
+    def run(self, method: str, ids: list[int], n: int) -> dict[str, Any]:
+        obj = self.objects[method]
+        record: dict[str, Any] = {}
+        x = torch.tensor([ids], dtype=torch.int64)
+        with quiet_timing():
+            start = time.perf_counter()
+            if method == "fs_default":
+                result = obj.generate(input_ids=x, max_new_tokens=n)
+                tokens = list(result.tokens[0])
+                record.update(rounds=result.stats.rounds, accepted=result.stats.accepted,
+                              drafted=result.stats.drafted)  # fmt: skip
+            elif method == "fs_plain":
+                tokens = self._plain(ids, n)
+            elif method.startswith("hf_"):
+                model = obj.target.model
+                with untuned(model), hf_forward(model), torch.inference_mode():
+                    out = model.generate(
+                        x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                        temperature=None, top_p=None, top_k=None, eos_token_id=self.eos,
+                        pad_token_id=self.eos[0],
+                    )  # fmt: skip
+                tokens = out[0, len(ids) :].tolist()
+            else:
+                tokens = self._llama(obj, ids, n)
+            seconds = time.perf_counter() - start
+        record.update(tokens=[int(t) for t in tokens], seconds=seconds,
+                      new_tokens=len(tokens), tokens_per_second=len(tokens) / seconds)  # fmt: skip
+        return record
+
+
+def measure(methods: Methods, chosen: list[ChatRequest], n: int) -> list[dict[str, Any]]:
+    names = methods.names()
+    records = []
+    for index, request in enumerate(progress(chosen, desc="requests", unit="request")):
+        ids = chat_ids(methods.tokenizer, request)
+        order = names[index % len(names) :] + names[: index % len(names)]
+        done = {name: methods.run(name, ids, n) for name in order}
+        runs = {name: done[name] for name in names}
+        reference = runs["hf_fp32"]["tokens"]
+        for name, run in runs.items():
+            if name != "hf_fp32":
+                verdict = compare_greedy(methods.reference, ids, run["tokens"], reference)
+                run["identity"] = verdict.status
+        records.append({"id": request.id, "workload": request.workload,
+                        "prompt_tokens": len(ids), "methods": runs})  # fmt: skip
+    return records
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in records[0]["methods"]:
+        runs = [r["methods"][name] for r in records]
+        entry: dict[str, Any] = {
+            "prompts": len(runs),
+            "tokens_per_second_median": round(
+                statistics.median(r["tokens_per_second"] for r in runs), 2
+            ),
+        }
+        for base in ("llamacpp", "hf_fp32"):
+            if base in records[0]["methods"]:
+                ratios = [
+                    r["methods"][name]["tokens_per_second"]
+                    / r["methods"][base]["tokens_per_second"]
+                    for r in records
+                ]
+                entry[f"over_{base}_median"] = round(statistics.median(ratios), 4)
+        if "drafted" in runs[0]:
+            rounds = sum(r["rounds"] for r in runs)
+            entry["tokens_per_round"] = round(sum(r["new_tokens"] for r in runs) / rounds, 3)
+        if "identity" in runs[0]:
+            statuses = [r["identity"] for r in runs]
+            entry["identity"] = {s: statuses.count(s) for s in ("identical", "tie", "mismatch")}
+        out[name] = entry
+    return out
+
+
+def resident_memory(methods: list[str]) -> dict[str, float | str]:
+    """RSS (MB) after loading each method's model, each in a fresh process."""
+    out: dict[str, float | str] = {}
+    for method in methods:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--rss", method],
+            capture_output=True, text=True, timeout=900, env=os.environ.copy(),
+        )  # fmt: skip
+        lines = proc.stdout.strip().splitlines()
+        out[method] = float(lines[-1]) if proc.returncode == 0 and lines else proc.stderr[-300:]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--humaneval", type=int, default=6)
+    parser.add_argument("--chat", type=int, default=6, help=f"at most {len(CHAT)}")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="a smoke run (no llama.cpp)")
+    parser.add_argument("--no-rss", action="store_true", help="skip the memory measurements")
+    parser.add_argument("--rss", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "smollm2-quant.json")
+    args = parser.parse_args(argv)
+    if args.rss:
+        obj = load(args.rss)
+        gc.collect()
+        print(f"{rss_mb():.1f}")
+        del obj
+        return 0
+    began = time.perf_counter()
+    machine = machine_info()
+    try:
+        from flashspec import _quant
+
+        machine["quant_backend"] = _quant.backend()
+        machine["quant_threads"] = _quant.threads()
+    except ImportError:
+        machine["quant_backend"] = None
+    methods = Methods(args.quick)
+    chosen = requests(args.humaneval, args.chat)
+    warm = chat_ids(methods.tokenizer, chosen[0])
+    for name in methods.names():
+        methods.run(name, warm, 8)
+    records = measure(methods, chosen, args.max_new_tokens)
+    summary = {
+        workload: summarise([r for r in records if r["workload"] == workload])
+        for workload in dict.fromkeys(r["workload"] for r in records)
+    }
+    memory = {} if args.no_rss else resident_memory(methods.names())
+    data = {
+        "machine": machine,
+        "kind": "smollm2-quant",
+        "settings": {
+            "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(),
+            "llamacpp_lookup_tokens": LOOKUP_TOKENS,
+            "notes": methods.notes,
+            "speedup": "median over requests of the tokens/s ratio (new tokens over the wall "
+            "seconds of the whole call, prefill included)",
+        },
+        "summary": summary,
+        "resident_mb_after_load": memory,
+        "prompts": records,
+        "wall_seconds": round(time.perf_counter() - began, 1),
+    }
+    write_json(data, args.out)
+    for workload, rows in summary.items():
+        print(f"== {workload}")
+        for name, row in rows.items():
+            extra = " ".join(f"{k}={v}" for k, v in row.items() if k != "prompts")
+            print(f"{name:16s} {extra}")
+    if memory:
+        print("resident MB after load:", memory)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
