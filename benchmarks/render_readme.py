@@ -35,6 +35,8 @@ PAGES: dict[str, Path] = {
     "RECURRENT-BENCH": DOCS / "models.md",
     "SMOLLM2": DOCS / "models.md",
     "SMOLLM2-DRAFT": DOCS / "models.md",
+    "QUANT-KERNEL": DOCS / "quantized.md",
+    "SMOLLM2-QUANT": DOCS / "quantized.md",
 }
 RESULTS = ROOT / "benchmarks" / "results"
 KERNEL_JSON = RESULTS / "kernel.json"
@@ -49,6 +51,8 @@ SMOLLM2_JSON = RESULTS / "smollm2.json"
 SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
 SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
 SMOLLM2_DRAFT_JSON = RESULTS / "smollm2-draft.json"
+QUANT_JSON = RESULTS / "quant.json"
+SMOLLM2_QUANT_JSON = RESULTS / "smollm2-quant.json"
 # flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
 BATCH_JSON = RESULTS / "batch.json"
 # flashspec bench compiled: the demo pair, then other targets (compiled-smollm2.json, ...).
@@ -926,6 +930,74 @@ def _costs_line(costs: dict[str, Any], gamma: int, summary: dict[str, Any]) -> s
     )
 
 
+def quant_kernel_section(data: dict[str, Any]) -> str:
+    """``flashspec bench quant``: each shape, format and backend at 1, 5 and 16 rows."""
+    read = float(data["read_gb_per_s"])
+    lines = [
+        f"`flashspec bench quant` ({_versions(data['machine'])}; {data['settings']['threads']} "
+        f"kernel threads). Read bandwidth measured in the same run (a torch sum over 512 MiB): "
+        f"{read:.1f} GB/s. Times are medians of repeated calls on random weights quantized by "
+        "gguf-py; GB/s counts the weight bytes a call reads; torch's columns multiply the same "
+        "weights dequantized (float32, bfloat16) by the same rows.",
+        "",
+    ]
+    rows = [["shape", "format", "backend", "1 row ms (GB/s, of read)", "5 rows ms (x 1 row)",
+             "16 rows ms (x 1 row)", "torch fp32 / bf16, 1 row ms"]]  # fmt: skip
+    keyed: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
+    for row in data["rows"]:
+        keyed.setdefault((row["shape"], row["format"], row["backend"]), {})[row["rows"]] = row
+    for (shape, fmt, backend), by_m in keyed.items():
+        one = by_m.get(1)
+        if one is None:
+            continue
+        rate = one["weight_gb_per_s"]
+        cells = [shape, fmt, backend, f"{one['ms']:.3f} ({rate:.1f}, {rate / read:.0%})"]
+        for m in (5, 16):
+            other = by_m.get(m)
+            cells.append(f"{other['ms']:.3f} ({other['ms'] / one['ms']:.2f}x)" if other else "-")
+        cells.append(f"{one['torch_fp32_ms']:.3f} / {one['torch_bf16_ms']:.3f}")
+        rows.append(cells)
+    return "\n".join(lines + _markdown(rows))
+
+
+def smollm2_quant_section(data: dict[str, Any]) -> str:
+    """``benchmarks/smollm2_quant.py``: SmolLM2 on the quantized path against HF and llama.cpp."""
+    m = data["machine"]
+    settings = data["settings"]
+    lines = [
+        f"`python benchmarks/smollm2_quant.py` ({_versions(m)}; quantized kernels "
+        f"{m.get('quant_backend')}; {settings['threads']} threads for every method; "
+        f"{settings['max_new_tokens']} new tokens, greedy; {data['wall_seconds']:.0f} s in all). "
+        "Each request runs every method in a rotating order. tokens/s: the median over requests "
+        "of new tokens over the whole call's seconds (prefill included); the ratios are medians "
+        "of per-request ratios. Identity: against HF float32 on transformers' dequantized "
+        "model, under the tie rule.",
+    ]
+    for workload, methods in data["summary"].items():
+        rows = [["method", "tokens/s", "x llama.cpp", "x HF fp32", "tokens/round", "identity"]]
+        for name, row in methods.items():
+            ident = row.get("identity")
+            rows.append([
+                name, f"{row['tokens_per_second_median']:.1f}",
+                f"{row['over_llamacpp_median']:.2f}" if "over_llamacpp_median" in row else "-",
+                f"{row['over_hf_fp32_median']:.2f}" if "over_hf_fp32_median" in row else "-",
+                f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "-",
+                ", ".join(f"{v} {k}" for k, v in ident.items() if v) if ident else "reference",
+            ])  # fmt: skip
+        lines += ["", f"**{workload}** ({next(iter(methods.values()))['prompts']} requests):", ""]
+        lines += _markdown(rows)
+    memory = data.get("resident_mb_after_load") or {}
+    if memory:
+        parts = [f"{k} {v:.0f} MB" if isinstance(v, (int, float)) else f"{k}: failed"
+                 for k, v in memory.items()]  # fmt: skip
+        lines += ["", "Resident memory after loading, each in a fresh process: "
+                  + ", ".join(parts) + "."]  # fmt: skip
+    notes = settings.get("notes") or {}
+    if notes:
+        lines += ["", "Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) + "."]
+    return "\n".join(lines)
+
+
 def _load(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -976,6 +1048,10 @@ def sections() -> dict[str, str]:
         bodies["SMOLLM2"] = smollm2_section(_load(SMOLLM2_JSON), profile, sweep)
     if SMOLLM2_DRAFT_JSON.exists():
         bodies["SMOLLM2-DRAFT"] = smollm2_draft_section(_load(SMOLLM2_DRAFT_JSON))
+    if QUANT_JSON.exists():
+        bodies["QUANT-KERNEL"] = quant_kernel_section(_load(QUANT_JSON))
+    if SMOLLM2_QUANT_JSON.exists():
+        bodies["SMOLLM2-QUANT"] = smollm2_quant_section(_load(SMOLLM2_QUANT_JSON))
     return bodies
 
 

@@ -68,12 +68,18 @@ class SubsetHead(torch.nn.Module):
         # A buffer, not a parameter: the rows are the target's, trained with it, not here.
         rows = weight.dense_rows(ids) if isinstance(weight, QuantLinear) else weight.detach()[ids]
         self.register_buffer("rows", rows.clone(), persistent=False)
+        # A quantized head's rows stay blocks too: a draft step reads a quarter of the bytes.
+        self.quantized = weight.subset(ids) if isinstance(weight, QuantLinear) else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary: the subset's scores, ``-inf`` elsewhere."""
         rows = self.get_buffer("rows")
         ids = self.get_buffer("ids")
-        scores = hidden @ rows.to(hidden.dtype).T
+        scores: torch.Tensor
+        if self.quantized is not None and hidden.dtype == torch.float32:
+            scores = self.quantized(hidden)
+        else:
+            scores = hidden @ rows.to(hidden.dtype).T
         logits = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
         logits[..., ids] = scores
         return logits

@@ -407,6 +407,24 @@ def test_quant_linear_matches_dense_linear() -> None:
     assert float((got.double() - want).abs().max()) < 1e-5 * float(want.abs().max())
 
 
+def test_subset_head_over_a_quantized_head() -> None:
+    """A shared-head draft's head over a quantized target head: the subset rows' exact values,
+    multiplied on their blocks, and -inf outside the subset."""
+    from flashspec.shared_head import SubsetHead
+
+    layer = _layer("Q8_0", n=40, k=64)
+    ids = torch.tensor([3, 17, 0, 39, 8])
+    head = SubsetHead(layer, ids, 40)
+    assert torch.equal(head.get_buffer("rows"), layer.dense_weight()[ids])
+    hidden = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(2))
+    logits = head(hidden)
+    want = hidden.double() @ layer.dense_weight()[ids].double().T
+    assert float((logits[..., ids].double() - want).abs().max()) < 1e-5 * float(want.abs().max())
+    outside = torch.ones(40, dtype=torch.bool)
+    outside[ids] = False
+    assert bool(torch.isneginf(logits[..., outside]).all())
+
+
 def test_quant_linear_takes_an_empty_batch() -> None:
     """Zero rows in, zero rows out, as ``nn.Linear`` does (a batch whose rows all finished)."""
     layer = _layer()

@@ -85,6 +85,72 @@ class Checker:
             self.check(True, what)
 
 
+# GGML type id -> (block bytes, bytes before the quants): the 32-weight formats the asm takes.
+QUANT_BLOCKS = {8: (34, 2), 2: (18, 2), 3: (20, 4)}  # Q8_0, Q4_0, Q4_1
+
+
+def quant_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> npt.NDArray[np.uint8]:
+    """(n, row bytes) random blocks of GGML type ``qtype`` with small finite fp16 scales."""
+    size, head = QUANT_BLOCKS[qtype]
+    raw = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
+    scales = (rng.standard_normal((n, k // 32, head // 2)) * 0.02).astype(np.float16)
+    raw[..., :head] = scales.view(np.uint8).reshape(n, k // 32, head)
+    return raw.reshape(n, -1)
+
+
+def quant_reference(blocks: npt.NDArray[np.uint8], qtype: int, k: int) -> F64:
+    """The weights of ``blocks`` as the GGUF formats define them, in float32, widened."""
+    size, head = QUANT_BLOCKS[qtype]
+    b = blocks.reshape(blocks.shape[0], k // 32, size)
+    d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+    if qtype == 8:
+        w = d * b[..., 2:].view(np.int8).astype(np.float32)
+    else:
+        qs = b[..., head:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)
+        if qtype == 2:
+            w = d * (q - 8)
+        else:
+            m = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+            w = d * q + m  # d*q is exact: one rounding, as the kernels' fma
+    return w.reshape(blocks.shape[0], k).astype(np.float64)
+
+
+def check_quant(ck: Checker, want_asm: bool, rng: np.random.Generator) -> None:
+    """flashspec._quant: imports with NumPy alone, has its asm where the CPU does, and every
+    backend's product matches a float64 one of the formats' weights."""
+    try:
+        import flashspec._quant as Q
+    except ImportError as e:
+        ck.check(False, f"import flashspec._quant: {type(e).__name__}: {e}")
+        return
+    avail = list(Q.available_backends())
+    feats = Q.cpu_features()
+    print(f"flashspec._quant backends: {avail}; in use: {Q.backend()}")
+    if want_asm:
+        ck.check(not (feats["avx2"] and feats["fma"] and feats["f16c"]) or "avx2" in avail,
+                 "CPU supports AVX2+FMA+F16C but the quantized avx2 backend is missing")
+        ck.check(not feats["avx512f"] or "avx512" in avail,
+                 "CPU supports AVX-512F but the quantized avx512 backend is missing")
+    start = Q.backend()
+    try:
+        for name in avail:
+            Q.set_backend(name)
+            for qtype in QUANT_BLOCKS:
+                for m, n, k in ((1, 7, 96), (5, 33, 256), (16, 9, 64)):
+                    blocks = quant_blocks(qtype, n, k, rng)
+                    x = rng.standard_normal((m, k)).astype(np.float32)
+                    weights = quant_reference(blocks, qtype, k)
+                    ref = x.astype(np.float64) @ weights.T
+                    got = Q.qmatmul(x, blocks, qtype, n, k)
+                    scale = np.abs(x).astype(np.float64) @ np.abs(weights).T
+                    err = float(np.max(np.abs(got - ref) / (scale + 1e-30)))
+                    ck.check(err < 1e-5, f"_quant[{name}] qtype {qtype} m={m} n={n} k={k}: "
+                             f"relative error {err:.2e}")
+    finally:
+        Q.set_backend(start)
+
+
 def ref_dist(p: F32, q: F32) -> F64:
     """Row-wise max(0, p - q) / sum, in float64; where the residual is zero, p renormalised."""
     p2 = np.atleast_2d(p).astype(np.float64)
@@ -300,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             check_backend(ck, R, name, rng)
     finally:
         R.set_backend(start)
+
+    check_quant(ck, is_x86_linux and not no_asm, rng)
 
     dt = time.perf_counter() - t0
     if ck.failures:

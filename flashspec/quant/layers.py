@@ -99,6 +99,11 @@ class QuantLinear(torch.nn.Module):
         """(len(ids), in_features) float32: rows ``ids`` of W at their exact values."""
         return embed_eager(ids.reshape(-1), self.blocks, self.qtype, self.in_features)
 
+    def subset(self, ids: torch.Tensor) -> QuantLinear:
+        """A layer over rows ``ids`` of this one (their blocks copied; no bias)."""
+        rows = self.blocks[ids.to(torch.int64).reshape(-1)].contiguous()
+        return QuantLinear(rows, self.qtype, self.in_features)
+
     def dense_weight(self) -> torch.Tensor:
         """The whole (out_features, in_features) float32 weight (a new tensor)."""
         return dequantize(self.blocks, self.qtype, self.out_features, self.in_features)
