@@ -464,3 +464,35 @@ def test_compiled_layer_calls_the_op() -> None:
         fake_blocks = mode.from_tensor(layer.blocks)
         out = quant_ops.qmatmul_op(fake_x, fake_blocks, layer.qtype, 24, 64)
         assert out.shape == (6, 24) and out.dtype == torch.float32
+
+
+# -------------------------------------------------------------------------- the default load
+
+
+def test_default_load_keeps_only_formats_with_a_fast_kernel(
+    files: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``load_pretrained`` (dtype "auto") keeps Q4_0/Q4_1/Q8_0 layers as blocks where a SIMD
+    kernel runs them, and dequantizes the K formats (their C kernel is slower than a dense
+    product) and everything on a CPU without SIMD kernels; the logits stay the model's."""
+    from flashspec.loading import load_pretrained
+    from flashspec.quant.ops import kernels
+
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path))
+    mixed, k_format = files(MIXED), files(VARIANTS["Q4_K"])
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    if kernels().backend() != "scalar":
+        model, _ = load_pretrained(str(mixed.path))
+        assert isinstance(model.get_output_embeddings(), QuantLinear)
+        with torch.inference_mode():
+            got, want = model(ids).logits, mixed.reference(ids).logits
+        assert max_relative(got, want) < RELATIVE
+    dense, _ = load_pretrained(str(k_format.path))
+    assert not any(isinstance(m, QuantLinear) for m in dense.modules())
+    start = kernels().backend()
+    kernels().set_backend("scalar")
+    try:
+        fallback, _ = load_pretrained(str(mixed.path))
+    finally:
+        kernels().set_backend(start)
+    assert not any(isinstance(m, QuantLinear) for m in fallback.modules())

@@ -61,7 +61,7 @@ def random_blocks(name: str, n: int, k: int, seed: int = 0) -> npt.NDArray[np.ui
     weights = rng.standard_normal((n, k), dtype=np.float32) * 0.05
     try:
         return np.ascontiguousarray(quants.quantize(weights, kind))
-    except NotImplementedError:
+    except (NotImplementedError, quants.QuantError):
         from gguf.constants import GGML_QUANT_SIZES
 
         elems, size = GGML_QUANT_SIZES[kind]
@@ -100,7 +100,9 @@ def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
     formats = [f for f in FORMATS if f in ids]
     repeats = 9 if quick else 25
     rows: list[dict[str, Any]] = []
-    jobs = [(s, f) for s in shapes for f in formats]
+    elems = {name: Q.formats()[number][1] for name, number in ids.items()}
+    # A K format's 256-weight blocks do not divide a 576-wide row: such layers cannot exist.
+    jobs = [(s, f) for s in shapes for f in formats if s[2] % elems[f] == 0]
     for (label, n, k), fmt in progress(jobs, desc="shapes x formats", disable=not show_progress):
         blocks = random_blocks(fmt, n, k)
         dense = torch.from_numpy(Q.dequantize(blocks, ids[fmt], n, k))

@@ -118,17 +118,26 @@ def _load_quantized(source: Path, digest: str) -> tuple[torch.nn.Module, Any] | 
     """The model with its quantized layers on blocks and its tokenizer, or None (after a line
     saying why) when that path is not open here and the caller should dequantize."""
     from ..quant import available, build_quantized_model
-    from ..quant.ops import kernels
+    from ..quant.ops import fast_formats, kernels
 
     if not available():
         print(f"flashspec: {source.name}: the quantized kernels (flashspec._quant) are not built "
               "in this installation; dequantizing to float32", file=sys.stderr)  # fmt: skip
         return None
+    keep = fast_formats()
+    if not keep:
+        print(f"flashspec: {source.name}: this CPU has no SIMD quantized kernel (backend "
+              f"{kernels().backend()}); dequantizing to float32", file=sys.stderr)  # fmt: skip
+        return None
     config, tokenizer = _quantized_metadata(source, digest)
     try:
-        model, record = build_quantized_model(source, config)
+        model, record = build_quantized_model(source, config, keep)
     except (ValueError, NotImplementedError, KeyError) as exc:
         print(f"flashspec: {source.name}: {exc}; dequantizing to float32", file=sys.stderr)
+        return None
+    if not record.quantized:
+        print(f"flashspec: {source.name}: none of its layers is in a format with a fast kernel "
+              "here (Q4_0, Q4_1, Q8_0); dequantizing to float32", file=sys.stderr)  # fmt: skip
         return None
     ops = kernels()
     print(f"flashspec: {source.name} loaded quantized: {record.summary()} (kernels "

@@ -14,6 +14,7 @@ to its dequantized values and the layer stays dense.
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,15 @@ class QuantizedLoad:
         )
 
 
-def build_quantized_model(source: str | Path, config: Any) -> tuple[torch.nn.Module, QuantizedLoad]:
+def build_quantized_model(
+    source: str | Path, config: Any, keep: Collection[int] | None = None
+) -> tuple[torch.nn.Module, QuantizedLoad]:
     """The causal LM of ``config`` with its weights from the GGUF file ``source``.
 
     ``config`` is the file's transformers config (``AutoConfig.from_pretrained(folder,
-    gguf_file=name)``). Returns the model (eval mode, float32 activations, CPU) and a record of
-    which layers stayed quantized.
+    gguf_file=name)``). ``keep`` names the GGML types that stay blocks (default: every format
+    the kernels take); layers in other formats are dequantized. Returns the model (eval mode,
+    float32 activations, CPU) and a record of which layers stayed quantized.
 
     Raises:
         ValueError: the file's tensors do not fill the model (an architecture whose GGUF
@@ -68,6 +72,8 @@ def build_quantized_model(source: str | Path, config: Any) -> tuple[torch.nn.Mod
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     kinds = formats()
+    if keep is not None:
+        kinds = {qtype: kind for qtype, kind in kinds.items() if qtype in keep}
     metadata, tensors = read_tensors(source)
     architecture = str(metadata.get("general.architecture", ""))
     with init_empty_weights(include_buffers=False):
@@ -86,14 +92,14 @@ def build_quantized_model(source: str | Path, config: Any) -> tuple[torch.nn.Mod
         qtype = int(tensor.tensor_type)
         target = mapping.get(tensor.name)
         owner = modules.get(target.rsplit(".", 1)[0]) if target is not None else None
-        keep = (
+        stays = (
             qtype in kinds
             and target is not None
             and target.endswith(".weight")
             and isinstance(owner, (torch.nn.Linear, torch.nn.Embedding))
         )
         order = _row_order(processor, tensor.name, int(tensor.data.shape[0]), mapping, settings)
-        if keep and order is not False and target is not None:
+        if stays and order is not False and target is not None:
             rows = np.asarray(tensor.data)
             if order is not None:
                 rows = np.ascontiguousarray(rows[order])

@@ -19,6 +19,8 @@ import torch
 
 DENSE_ROWS = 48
 """More rows than this in one product: dequantize the weights and call torch's matmul."""
+DENSE_CHUNK_BYTES = 8 << 20
+"""Float32 weights dequantized at once on that road."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,6 +49,16 @@ def formats() -> dict[int, tuple[str, int, int]]:
     return dict(kernels().formats())
 
 
+def fast_formats() -> frozenset[int]:
+    """GGML types whose kernel in the active backend beats dense float32 layers here: the
+    SIMD ones (Q4_0, Q4_1, Q8_0 on AVX2/AVX-512). The portable C kernels, and so the K formats
+    for now, were measured slower than torch's float32 product (``flashspec bench quant``), so
+    a model loads those layers dense instead."""
+    if kernels().backend() == "scalar":
+        return frozenset()
+    return frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+
+
 def dequantize(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
     """The (n, k) float32 weights of ``blocks``: exactly gguf-py's ``dequantize``."""
     return torch.from_numpy(kernels().dequantize(blocks.numpy(), qtype, n, k))
@@ -63,9 +75,26 @@ def qmatmul_eager(
     if x.shape[0] == 0:
         return x.new_empty((0, n))
     if x.shape[0] > DENSE_ROWS:
-        return x @ dequantize(blocks, qtype, n, k).T
+        return _dense_product(x, blocks, qtype, n, k)
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
     kernels().qmatmul(x.numpy(), blocks.numpy(), qtype, n, k, out.numpy())
+    return out
+
+
+def _dense_product(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int
+) -> torch.Tensor:
+    """``x @ W.T`` with W dequantized a slice of rows at a time: a large layer (a 49,152-row
+    head is 113 MB in float32) never exists whole, so a prefill leaves no such allocation
+    behind in the process."""
+    rows = max(1, DENSE_CHUNK_BYTES // (4 * k))
+    if rows >= n:
+        return x @ dequantize(blocks, qtype, n, k).T
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        weights = dequantize(blocks[start:stop], qtype, stop - start, k)
+        torch.matmul(x, weights.T, out=out[:, start:stop])
     return out
 
 
