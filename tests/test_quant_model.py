@@ -302,6 +302,35 @@ def test_speculative_engine_greedy_equals_dequantized_generate(
         assert_greedy_same(loaded.reference, ids, tokens, hf_greedy(loaded.reference, ids, 16))
 
 
+def test_compiled_path_runs_the_kernels_and_stays_exact(
+    files: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compile=True on a quantized target: its graphs call the kernels (custom ops), torch's
+    code inside them runs on one thread as the eager forward's does, and greedy decoding is
+    transformers' on the dequantized model."""
+    from flashspec.compiled import step as compiled_step
+
+    seen: list[int] = []
+    real = compiled_step.torch_threads
+
+    def counting(count: int) -> Any:
+        seen.append(count)
+        return real(count)
+
+    monkeypatch.setattr(compiled_step, "torch_threads", counting)
+    loaded = files(MIXED)
+    model, _ = loaded.quantized()
+    target = TargetModel(MIXED.name, model=model, tokenizer=loaded.tokenizer)
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3), compile=True)
+    engine = SpeculativeEngine(config, [PromptLookupDrafter()], target)
+    text = LOOKUP_PROMPTS[0]
+    ids = loaded.tokenizer(text)["input_ids"]
+    result = engine.generate(text, max_new_tokens=24)
+    want = hf_greedy(loaded.reference, ids, 24)
+    assert_greedy_same(loaded.reference, ids, result.tokens[0], want)
+    assert seen and set(seen) == {1}  # the compiled steps ran, on one torch thread
+
+
 # ------------------------------------------------------------------------------- sampling
 
 

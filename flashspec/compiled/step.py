@@ -16,6 +16,7 @@ happen; ``FLASHSPEC_COMPILE_DEBUG=1`` makes it an error and logs dynamo's reason
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ..quant.layers import QuantLinear
+from ..quant.threads import torch_threads
 from .static import initialized, static_capacity
 
 LOG = logging.getLogger("flashspec")
@@ -101,6 +104,9 @@ class CompiledForward:
         self.compiled_calls = 0
         self.eager_calls = 0
         self._weights: tuple[torch.dtype, torch.device] | None = None
+        # A quantized model's kernels bring their own threads: its compiled graph runs torch's
+        # code on one thread, as its eager forward does (flashspec.quant.threads).
+        self._threads = 1 if any(isinstance(m, QuantLinear) for m in model.modules()) else None
         if debug_recompiles():
             logs: Any = importlib.import_module("torch._logging")
             logs.set_logs(recompiles=True)  # dynamo says which guard failed
@@ -146,16 +152,10 @@ class CompiledForward:
         # Strides are part of a graph's guards, even those of size-1 dimensions, which
         # ``contiguous()`` leaves as they are: slices of the token matrix would recompile.
         ids, positions = _dense(ids), _dense(positions)
+        threads = torch_threads(self._threads) if self._threads else contextlib.nullcontext()
         try:
-            if first:
-                logits = self._compiled(ids, positions, where, cache)
-            else:
-                # Every input is built here with the shapes, dtypes and strides of the graph's
-                # first call, and the model is checked above (``_check_model``), so only the
-                # guards that tell this model's graphs apart need to run: a full evaluation
-                # costs up to a millisecond a call.
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    logits = self._compiled(ids, positions, where, cache)
+            with threads:
+                logits = self._call_compiled(first, ids, positions, where, cache)
         except Exception as exc:  # any compiler failure leaves the eager path
             if isinstance(exc, RecompileError):
                 raise
@@ -187,6 +187,18 @@ class CompiledForward:
                 raise RecompileError(message)
             LOG.warning("%s (set FLASHSPEC_COMPILE_DEBUG=1 to see why)", message)
         return logits
+
+    def _call_compiled(
+        self, first: bool, ids: torch.Tensor, positions: torch.Tensor, where: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:  # fmt: skip
+        if first:
+            return self._compiled(ids, positions, where, cache)
+        # Every input is built here with the shapes, dtypes and strides of the graph's first
+        # call, and the model is checked above (``_check_model``), so only the guards that tell
+        # this model's graphs apart need to run: a full evaluation costs up to a millisecond.
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return self._compiled(ids, positions, where, cache)
 
     def _check_model(self) -> None:
         """The graphs were compiled for the model's parameters as they were; a model moved to
