@@ -3,82 +3,34 @@
 checkquant checks asm/quant_avx2.asm and asm/quant_avx512.asm against the C
 kernels of ext/quant.c (and a float64 sum over gguf-py's dequantized weights)
 for Q4_0/Q4_1/Q8_0, m = 1..16, odd n and kb, with guard pages and the ABI
-trampoline (tests/abi/trampoline.asm). x86-64 Linux only; skipped cleanly when
-nasm or gcc is missing.
+trampoline (tests/abi/trampoline.asm). x86-64 Linux only; there a missing nasm
+or gcc is a failure (tests/abi_helpers.py), as for the residual kernels.
 """
 
 from __future__ import annotations
 
-import platform
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from abi_helpers import ASM_DIR, X86_LINUX, assemble, build_harness, cpu_flags, run, tool
 
-ROOT = Path(__file__).resolve().parent.parent
-ASM_DIR = ROOT / "asm"
-ABI_DIR = ROOT / "tests" / "abi"
-EXT_DIR = ROOT / "ext"
 KERNELS = ("quant_avx2", "quant_avx512")
 SEED = "20240612"  # fixed so a CI failure reproduces with `checkquant --seed SEED`
 HARNESS_TIMEOUT_S = 300
 
-pytestmark = pytest.mark.skipif(
-    not (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")),
-    reason="the asm kernels and their harness are x86-64 Linux only",
-)
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} not found: needed to build the quantized-matmul asm harness")
-    return path
-
-
-def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if r.returncode != 0:
-        pytest.fail(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}{r.stderr}")
-    return r
+pytestmark = X86_LINUX
 
 
 def _assemble(asm_dir: Path, out_dir: Path) -> list[Path]:
-    """Assemble the kernels exactly as setup.py does: nasm -f elf64 -I asm/ <file> -o <obj>."""
-    nasm = _tool("nasm")
-    objs = []
-    for name in KERNELS:
-        obj = out_dir / f"{name}.o"
-        source = str(asm_dir / f"{name}.asm")
-        _run([nasm, "-f", "elf64", "-I", f"{asm_dir}/", source, "-o", str(obj)])
-        objs.append(obj)
-    return objs
+    return assemble(asm_dir, out_dir, KERNELS)
 
 
 def _build_harness(objs: list[Path], out_dir: Path) -> Path:
-    gcc = _tool("gcc")
-    if not (EXT_DIR / "quant.c").exists():
-        pytest.skip("ext/quant.c (the C reference kernels) is not there yet")
-    trampoline = out_dir / "trampoline.o"
-    _run([_tool("nasm"), "-f", "elf64", str(ABI_DIR / "trampoline.asm"), "-o", str(trampoline)])
-    exe = out_dir / "checkquant"
-    sources = [str(ABI_DIR / "checkquant.c"), str(EXT_DIR / "quant.c")]
-    flags = ["-O2", "-Wall", "-DFLASHSPEC_HAVE_ASM", "-DFLASHSPEC_HAVE_QUANT_ASM",
-             "-I", str(EXT_DIR)]  # fmt: skip
-    _run([gcc, *flags, *sources, *map(str, objs), str(trampoline), "-o", str(exe), "-lm"])
-    return exe
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(m.group(1).split()) if m else set()
+    defines = ("FLASHSPEC_HAVE_ASM", "FLASHSPEC_HAVE_QUANT_ASM")
+    return build_harness(objs, out_dir, "checkquant", "quant", defines)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +129,7 @@ MUTANTS = {
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_checkquant_catches(mutant: str, tmp_path: Path) -> None:
     file, mutate, only, expect, needs = MUTANTS[mutant]
-    missing = needs - _cpu_flags()
+    missing = needs - cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}, which the mutant needs")
     asm_dir = tmp_path / "asm"
@@ -202,13 +154,13 @@ def test_gnu_stack_not_executable(kernel_objects: list[Path], tmp_path: Path) ->
     if readelf is None:
         pytest.skip("readelf not found")
     so = tmp_path / "libquant.so"
-    _run([_tool("gcc"), "-shared", "-o", str(so), *map(str, kernel_objects)])
-    headers = _run([readelf, "-lW", str(so)]).stdout
+    run([tool("gcc"), "-shared", "-o", str(so), *map(str, kernel_objects)])
+    headers = run([readelf, "-lW", str(so)]).stdout
     stack = [line for line in headers.splitlines() if "GNU_STACK" in line]
     assert stack, f"no GNU_STACK program header:\n{headers}"
     flags = "".join(stack[0].split()[6:-1])
     assert "E" not in flags, f"executable stack: {stack[0]}"
-    dynamic = _run([readelf, "-dW", str(so)]).stdout
+    dynamic = run([readelf, "-dW", str(so)]).stdout
     assert "TEXTREL" not in dynamic, "the kernels need text relocations (not position independent)"
 
 
@@ -218,7 +170,7 @@ def _disassemble(obj: Path) -> list[tuple[str, str, str]]:
     objdump = shutil.which("objdump")
     if objdump is None:
         pytest.skip("objdump not found")
-    raw = _run([objdump, "-d", "-M", "intel", str(obj)]).stdout
+    raw = run([objdump, "-d", "-M", "intel", str(obj)]).stdout
     insns, in_table = [], False
     for line in raw.splitlines():
         label = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
