@@ -53,17 +53,15 @@
 
 #include "kernels.h"
 
+#define HARNESS_NAME "checkasm"
+#define MAX_REPORTS 40  /* failures printed in full; the rest are only counted */
+#include "harness.h"
+
 #ifndef FLASHSPEC_HAVE_ASM
 #error "checkasm tests the asm kernels: build with -DFLASHSPEC_HAVE_ASM"
 #endif
 
 /* ---- trampoline.asm ---------------------------------------------------- */
-
-extern uint64_t checkasm_canary[7];
-extern uint32_t checkasm_fail;
-extern uint32_t checkasm_xmm0_live;
-extern uint32_t checkasm_check_xinuse;
-extern uint32_t checkasm_have_avx512;
 
 double checkasm_call_store(fs_store_fn f, const float *p, const float *q, float *out,
                            size_t n, float *check);
@@ -72,14 +70,6 @@ double checkasm_call_sum(fs_sum_fn f, const float *p, const float *q, size_t n,
 void checkasm_call_scale(fs_scale_fn f, float *x, size_t n, float s);
 size_t checkasm_call_scan(fs_scan_fn f, const float *p, const float *q, size_t n,
                           double target, double *before);
-
-/* Bits of checkasm_fail, as trampoline.asm sets them. */
-static const char *const abi_fail_names[] = {
-    "rbx clobbered", "rbp clobbered", "r12 clobbered", "r13 clobbered",
-    "r14 clobbered", "r15 clobbered", "rsp not restored", "direction flag left set",
-    "upper ymm/zmm state dirty (missing vzeroupper)", "MXCSR changed",
-};
-#define N_ABI_FAIL (sizeof abi_fail_names / sizeof abi_fail_names[0])
 
 /* ---- test parameters ----------------------------------------------------- */
 
@@ -92,93 +82,16 @@ static const size_t big_sizes[] = {1024, 4095, 4096, 4097, 32000, 128256, 256000
 
 #define SUM_RTOL 1e-5   /* returned sums vs the float64 reference */
 #define CHECK_RTOL 1e-4 /* *check (plain float32 lanes, unblocked) vs float64 */
-#define MAX_REPORTS 40  /* failures printed in full; the rest are only counted */
 
 /* Bit patterns: out-of-range output guard (finite, so x * s changes it) and the
  * input poison around p and q (NaN, so a summed over-read poisons *check). */
 #define OUT_SENTINEL 0x5A5A5A5Au
 #define IN_POISON 0x7FA5A5A5u
 
-/* ---- reporting ----------------------------------------------------------- */
-
-static unsigned long n_pass, n_fail, n_reports;
-static unsigned case_errors;
-static char case_name[200];
-static int verbose;
-
-static void begin_case(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(case_name, sizeof case_name, fmt, ap);
-    va_end(ap);
-    case_errors = 0;
-}
-
-static void end_case(void) {
-    if (case_errors)
-        n_fail++;
-    else
-        n_pass++;
-}
-
-static void errf(const char *fmt, ...) {
-    case_errors++;
-    if (++n_reports > MAX_REPORTS) {
-        if (n_reports == MAX_REPORTS + 1) fprintf(stderr, "checkasm: (further failures not shown)\n");
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL %s: ", case_name);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* ---- RNG: xoshiro256**, seeded with splitmix64 --------------------------- */
-
-static uint64_t rng_s[4];
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(uint64_t seed) {
-    for (int i = 0; i < 4; i++) rng_s[i] = splitmix64(&seed);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rnd(void) {
-    uint64_t r = rotl(rng_s[1] * 5, 7) * 9, t = rng_s[1] << 17;
-    rng_s[2] ^= rng_s[0];
-    rng_s[3] ^= rng_s[1];
-    rng_s[1] ^= rng_s[2];
-    rng_s[0] ^= rng_s[3];
-    rng_s[2] ^= t;
-    rng_s[3] = rotl(rng_s[3], 45);
-    return r;
-}
-
 /* Uniform in [0, 1) with 24 random bits: every value is an exact float. */
 static float rnd_unit(void) { return (float)(rnd() >> 40) * 0x1p-24f; }
 
 /* ---- bits and floats ----------------------------------------------------- */
-
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static void fill_bits(float *x, size_t n, uint32_t pattern) {
     for (size_t i = 0; i < n; i++) x[i] = bitsf(pattern);

@@ -50,26 +50,18 @@
 
 #include "quant.h"
 
+#define HARNESS_NAME "checkquant"
+#define MAX_REPORTS 40
+#include "harness.h"
+
 #if !defined(FLASHSPEC_HAVE_ASM) || !defined(FLASHSPEC_HAVE_QUANT_ASM)
 #error "checkquant tests the asm kernels: build with -DFLASHSPEC_HAVE_ASM -DFLASHSPEC_HAVE_QUANT_ASM"
 #endif
 
 /* ---- trampoline.asm (its generic entry, under its own name) -------------- */
 
-extern uint64_t checkasm_canary[7];
-extern uint32_t checkasm_fail;
-extern uint32_t checkasm_xmm0_live;
-extern uint32_t checkasm_check_xinuse;
-extern uint32_t checkasm_have_avx512;
 /* The trampoline shifts the arguments down one register: job arrives in rdi. */
 void checkquant_call(fs_qmm_fn f, const fs_qjob *job) __asm__("checkasm_call_store");
-
-static const char *const abi_fail_names[] = {
-    "rbx clobbered", "rbp clobbered", "r12 clobbered", "r13 clobbered",
-    "r14 clobbered", "r15 clobbered", "rsp not restored", "direction flag left set",
-    "upper ymm/zmm state dirty (missing vzeroupper)", "MXCSR changed",
-};
-#define N_ABI_FAIL (sizeof abi_fail_names / sizeof abi_fail_names[0])
 
 /* ---- parameters ---------------------------------------------------------- */
 
@@ -83,7 +75,6 @@ static const size_t n_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64};
 #define MAX_N 64
 #define MAX_K (MAX_KB * QK)
 #define MAX_PAD 3
-#define MAX_REPORTS 40
 #define Y_SENTINEL 0x5A5A5A5Au
 #define MXCSR_FLAGS 0x3Fu /* IE DE ZE OE UE PE */
 
@@ -108,86 +99,10 @@ typedef struct {
     fs_qmm_fn fn[N_FMT];
 } backend;
 
-/* ---- reporting ----------------------------------------------------------- */
-
-static unsigned long n_pass, n_fail, n_reports;
-static unsigned case_errors;
-static char case_name[200];
-static int verbose;
-
-static void begin_case(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(case_name, sizeof case_name, fmt, ap);
-    va_end(ap);
-    case_errors = 0;
-}
-
-static void end_case(void) {
-    if (case_errors)
-        n_fail++;
-    else
-        n_pass++;
-}
-
-static void errf(const char *fmt, ...) {
-    case_errors++;
-    if (++n_reports > MAX_REPORTS) {
-        if (n_reports == MAX_REPORTS + 1) fprintf(stderr, "checkquant: (further failures not shown)\n");
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL %s: ", case_name);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* ---- RNG: xoshiro256**, seeded with splitmix64 --------------------------- */
-
-static uint64_t rng_s[4];
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(uint64_t seed) {
-    for (int i = 0; i < 4; i++) rng_s[i] = splitmix64(&seed);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rnd(void) {
-    uint64_t r = rotl(rng_s[1] * 5, 7) * 9, t = rng_s[1] << 17;
-    rng_s[2] ^= rng_s[0];
-    rng_s[3] ^= rng_s[1];
-    rng_s[1] ^= rng_s[2];
-    rng_s[0] ^= rng_s[3];
-    rng_s[2] ^= t;
-    rng_s[3] = rotl(rng_s[3], 45);
-    return r;
-}
-
 /* Uniform in [-1, 1) with 24 random bits: every value is an exact float. */
 static float rnd_sym(void) { return (float)((int64_t)(rnd() >> 40) - (1 << 23)) * 0x1p-23f; }
 
 /* ---- fp16 and the gguf-py weight values ---------------------------------- */
-
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* Exact IEEE binary16 -> binary32 (written here, independent of the kernels). */
 static float half_to_float(uint16_t h) {
