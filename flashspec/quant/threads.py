@@ -2,12 +2,11 @@
 
 The kernels (``flashspec._quant``) split each product over their own small thread pool, and
 torch splits its elementwise ops over its OpenMP threads, which keep spinning for a while after
-each op. On a machine with few cores the two sets of threads take each other's cores in turn:
-on 2 cores a SmolLM2 step measured 86-120 ms with both at 2 threads, 16 ms with torch's ops on
-one thread (the ops of a decoding step are small; the products are where the time goes). So a
-quantized model's forward runs torch at one thread for few-token calls and gives the rest back
-after; a prompt's prefill (more rows than the kernels take: dense BLAS products) keeps torch's
-threads.
+each op. On a machine with few cores the two sets of threads take each other's cores in turn
+and a decoding step slows several-fold (docs/quantized.md), while the ops of such a step are
+small: the products are where its time goes. So a quantized model's forward runs torch at one
+thread for few-token calls and gives the rest back after; a prompt's prefill (more rows than the
+kernels take: dense BLAS products) keeps torch's threads.
 """
 
 from __future__ import annotations
