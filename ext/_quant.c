@@ -20,6 +20,7 @@
 
 #include "kernels.h"
 #include "quant.h"
+#include "pybuf.h"
 
 #define FS_QUANT_ABI_VERSION 1
 #define ENV_KERNEL "FLASHSPEC_QUANT_KERNEL"
@@ -248,51 +249,14 @@ static int default_threads(void) {
 
 /* ----------------------------------------------------------------- buffers */
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} buf_t;
-
-static void release(buf_t *b) {
-    if (b->held) {
-        PyBuffer_Release(&b->view);
-        b->held = 0;
-    }
-}
-
 static int is_float32(const Py_buffer *v) {
-    const char *f = v->format;
-    if (f == NULL || v->itemsize != 4) return 0;
-    return strcmp(f, "f") == 0 || strcmp(f, "@f") == 0 || strcmp(f, "=f") == 0 ||
-           strcmp(f, "<f") == 0;
+    return v->itemsize == 4 && is_float32_format(v->format);
 }
 
+/* x, out: NumPy float32 arrays; w: bytes-like blocks; rows: int64 indices. */
 static int acquire(PyObject *obj, const char *name, int writable, buf_t *b) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, &b->view, flags) == 0) {
-        b->held = 1;
-        return 0;
-    }
-    PyErr_Clear();
-    Py_buffer probe;
-    if (PyObject_GetBuffer(obj, &probe, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        PyObject *tn = PyType_GetName(Py_TYPE(obj));
-        PyErr_Format(PyExc_TypeError,
-                     "%s must support the buffer protocol (a NumPy array, memoryview, bytes "
-                     "or a CPU tensor's .numpy()); got %S",
-                     name, tn ? tn : Py_None);
-        Py_XDECREF(tn);
-        return -1;
-    }
-    if (writable && probe.readonly)
-        PyErr_Format(PyExc_ValueError,
-                     "%s is read-only; pass a writable float32 array (or out=None)", name);
-    else
-        PyErr_Format(PyExc_ValueError,
-                     "%s must be C-contiguous; pass numpy.ascontiguousarray(%s)", name, name);
-    PyBuffer_Release(&probe);
-    return -1;
+    return acquire_as(obj, name, writable,
+                      "a NumPy array, memoryview, bytes or a CPU tensor's .numpy()", b);
 }
 
 static PyObject *g_np_empty;
@@ -357,11 +321,6 @@ static int check_geometry(int qtype, Py_ssize_t n, Py_ssize_t k, int *fi) {
 static Py_ssize_t weight_bytes(int fi, Py_ssize_t n, Py_ssize_t k) {
     const fs_qformat *f = &g_formats[fi];
     return n * (k / (Py_ssize_t)f->block_elems) * (Py_ssize_t)f->block_bytes;
-}
-
-static int overlaps(const Py_buffer *a, const Py_buffer *b) {
-    const char *a0 = (const char *)a->buf, *b0 = (const char *)b->buf;
-    return a0 < b0 + b->len && b0 < a0 + a->len;
 }
 
 /* ------------------------------------------------------------------ qmatmul */

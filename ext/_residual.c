@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "pybuf.h"
 
 /* Bump when the Python-visible behaviour or the kernel contract changes. */
 #define FS_ABI_VERSION 1
@@ -106,63 +107,10 @@ static int select_backend(const char *name, PyObject *exc, const char *origin) {
 
 /* ------------------------------------------------------------------ buffers */
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} buf_t;
-
-static void release(buf_t *b) {
-    if (b->held) {
-        PyBuffer_Release(&b->view);
-        b->held = 0;
-    }
-}
-
-static int is_float32_format(const char *fmt) {
-    if (fmt == NULL) return 0; /* we always ask for PyBUF_FORMAT */
-    if (strcmp(fmt, "f") == 0 || strcmp(fmt, "@f") == 0 || strcmp(fmt, "=f") == 0)
-        return 1;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return strcmp(fmt, ">f") == 0 || strcmp(fmt, "!f") == 0;
-#else
-    return strcmp(fmt, "<f") == 0;
-#endif
-}
-
-/*
- * Acquire `obj` as a C-contiguous buffer without copying. When the exporter
- * refuses, ask again loosely to tell the user *why* (not a buffer at all,
- * read-only, or strided) instead of passing on the exporter's wording.
- */
+/* Each argument may be a NumPy float32 array, a memoryview or an array.array('f'). */
 static int acquire(PyObject *obj, const char *name, int writable, buf_t *b) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, &b->view, flags) == 0) {
-        b->held = 1;
-        return 0;
-    }
-    PyErr_Clear();
-    Py_buffer probe;
-    if (PyObject_GetBuffer(obj, &probe, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        PyObject *tn = PyType_GetName(Py_TYPE(obj));
-        PyErr_Format(PyExc_TypeError,
-                     "%s must support the buffer protocol (a NumPy float32 array, "
-                     "memoryview or array.array('f')); got %S",
-                     name, tn ? tn : Py_None);
-        Py_XDECREF(tn);
-        return -1;
-    }
-    if (writable && probe.readonly) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s is read-only; pass a writable float32 array (or out=None "
-                     "to allocate one)", name);
-    } else {
-        PyErr_Format(PyExc_ValueError,
-                     "%s must be C-contiguous (no strides or transposes); pass "
-                     "numpy.ascontiguousarray(%s)", name, name);
-    }
-    PyBuffer_Release(&probe);
-    return -1;
+    return acquire_as(obj, name, writable,
+                      "a NumPy float32 array, memoryview or array.array('f')", b);
 }
 
 static int check_float32(const buf_t *b, const char *name) {
@@ -193,11 +141,6 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 static PyObject *shape_repr(const Py_buffer *v) {
     if (v->ndim == 1) return PyUnicode_FromFormat("(%zd,)", v->shape[0]);
     return PyUnicode_FromFormat("(%zd, %zd)", v->shape[0], v->shape[1]);
-}
-
-static int overlaps(const Py_buffer *a, const Py_buffer *b) {
-    const char *a0 = (const char *)a->buf, *b0 = (const char *)b->buf;
-    return a0 < b0 + b->len && b0 < a0 + a->len;
 }
 
 /* p and q: float32, same shape, V >= 1. Fills rows/cols. */
