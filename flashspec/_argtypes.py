@@ -33,6 +33,21 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers >= 1, e.g. ``128,512,1024``; ``0`` (or nothing): none."""
+    if text.strip() in ("", "0"):
+        return ()
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated integers such as 128,512,1024, got {text!r}"
+        ) from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be integers >= 1, got {text!r}")
+    return values
+
+
 def finite_float(text: str) -> float:
     """A finite number."""
     try:

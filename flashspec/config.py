@@ -163,6 +163,8 @@ SelectionContext = Literal["none", "lookup"]
 Batching = Literal["ragged", "lockstep"]
 BatchDrafting = Literal["follow", "fixed"]
 _BATCH_DRAFTING = ("follow", "fixed")
+SeededChoice = Literal["fixed", "follow"]
+_SEEDED = ("fixed", "follow")
 _BATCHING = ("ragged", "lockstep")
 _CONTEXTS = ("none", "lookup")
 
@@ -207,8 +209,16 @@ class BanditConfig:
             the draft length, or plain decoding, from the batch's measured costs: verification
             reads rows x (gamma + 1) tokens, so the length that pays shrinks as the batch
             grows, to none. ``"fixed"``: the arm as configured at every batch size. A batch of
-            one, and a seeded sampled generation (whose draws must not depend on timings),
-            always run the arm as configured.
+            one, and a seeded sampled generation (see ``seeded``), always run the arm as
+            configured.
+        seeded: a sampled generation given a seed. ``"fixed"`` (the default): it runs the
+            first arm (the first drafter at ``SamplingConfig.gamma``) every round, so that its
+            output depends on the seed alone. A policy's choices follow measured times, and
+            which arm a round runs decides which random draws it takes, so a seeded generation
+            that followed them would change from run to run (its distribution stays exact
+            either way). ``"follow"``: the policy chooses as in unseeded generations; faster
+            when drafting stops paying, but a seed no longer fixes the output. Greedy
+            generations always follow the policy: their output does not depend on the arm.
         n_arms: the earlier library's field: if set, the number of arms the engine must end
             up with (checked when it is built).
         strategy: the earlier library's name for ``selector`` (the same values).
@@ -222,6 +232,7 @@ class BanditConfig:
     seed: int | None = None
     context: SelectionContext = "none"
     batches: BatchDrafting = "follow"
+    seeded: SeededChoice = "fixed"
     n_arms: int | None = None
     strategy: SelectorKind | None = None
 
@@ -276,6 +287,8 @@ class BanditConfig:
             raise ValueError(
                 f"BanditConfig.batches must be one of {_BATCH_DRAFTING}, got {self.batches!r}"
             )
+        if self.seeded not in _SEEDED:
+            raise ValueError(f"BanditConfig.seeded must be one of {_SEEDED}, got {self.seeded!r}")
         if not isinstance(self.plain, bool):
             raise ValueError(f"BanditConfig.plain must be True or False, got {self.plain!r}")
         if self.seed is not None and not is_int(self.seed):

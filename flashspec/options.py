@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -176,17 +177,18 @@ class EngineOptions:
             shared_head_drafter,
         )
         from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, DEMO_NAMES, TargetModel
+        from .select import default_bandit
 
         if self.drafter == "prompt-lookup" and self.draft is not None:
             raise UserError(
                 "--drafter prompt-lookup needs no draft model; drop --draft or --drafter"
             )
-        # A target without a draft model drafts by prompt lookup; by default only in the rounds
-        # where the throughput model expects lookup to pay, plain decoding in the others (on
-        # SmolLM2 fixed-length lookup was slower than plain decoding on non-copying prompts).
-        adaptive = self.adaptive or (
-            self.target not in DEMO_NAMES and self.draft is None and self.drafter is None
-        )
+        # Without --draft/--drafter the engine gets the default selection (default_bandit):
+        # its drafters and plain decoding, chosen every round by measured pay. A target
+        # without a draft model adds prompt lookup (on SmolLM2 fixed-length lookup was slower
+        # than plain decoding on non-copying prompts).
+        defaults = self.draft is None and self.drafter is None
+        adaptive = self.adaptive or (self.target not in DEMO_NAMES and defaults)
         try:
             config = FlashSpecConfig(
                 sampling=SamplingConfig(
@@ -254,6 +256,12 @@ class EngineOptions:
                     drafters += load_drafters([name], device=config.device, dtype=config.dtype)
         if not drafters or adaptive:
             drafters.append(PromptLookupDrafter())
+        if adaptive or defaults:
+            # (context="lookup" only with a lookup drafter; --selector as given)
+            config = dataclasses.replace(
+                config,
+                bandit=default_bandit(drafters, self.selector),  # type: ignore[arg-type]
+            )
         try:
             return SpeculativeEngine(config, drafters, target, long_lived=long_lived)
         except ValueError as exc:

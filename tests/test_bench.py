@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
-from flashspec import bench
+from flashspec import SpeculativeEngine, bench
 from flashspec.bench import engine as E
 from flashspec.bench.pair import Pair, encode, make_pair
 from flashspec.bench.profile import run_profile
@@ -131,3 +131,39 @@ def test_plot(result: dict[str, Any], tmp_path: Path) -> None:
     data = {"machine": {"cpu": "test"}, **result}
     plot_engine(data, tmp_path / "engine.png", bench.pyplot())
     assert (tmp_path / "engine.png").stat().st_size > 1000
+
+
+def test_long_generation_study(pair: Pair) -> None:
+    """The default engine (draft + plain) against HF greedy at each length: the lengths run,
+    cut to the context left after the prompt, the identity against HF, and the per-round
+    times grouped by context."""
+    from flashspec.bench.lengths import BIN, length_study, report_lengths
+
+    settings = E.EngineSettings(gamma=3, max_new_tokens=NEW, max_prompt_tokens=64, progress=False)
+    study = E.run_lengths(pair, PROMPTS, (6, 20), settings)
+    assert study["engine"][-1] == "plain"  # the default engine can stop drafting
+    assert list(study["summary"]) == ["6", "20"]
+    for record in study["records"]:
+        assert record["new_tokens"] == record["length"]
+        assert record["identical"], record
+        assert record["speedup"] > 0 and record["tokens_per_round"] >= 1
+    assert study["round_ms_by_context"] and all(
+        int(k) % BIN == 0 for k in study["round_ms_by_context"]
+    )
+    assert "20 new tokens" in report_lengths(study)
+    ids = encode(pair, PROMPTS[0].text, 64)
+    cut = length_study(
+        SpeculativeEngine.from_pretrained(
+            pair.target_name,
+            models={pair.target_name: pair.target},
+            tokenizer=pair.tokenizer,
+            drafters=["prompt_lookup"],
+        ),
+        pair.target,
+        [ids],
+        (50,),
+        pad_id=pair.pad_id,
+        max_positions=len(ids) + 9,
+        show_progress=False,
+    )
+    assert [r["new_tokens"] for r in cut["records"]] == [9]  # what the context holds

@@ -106,6 +106,7 @@ def test_sampling_with_selection_follows_target(selector: str, context: str) -> 
         plain=True,
         seed=1,
         context=context,  # type: ignore[arg-type]
+        seeded="follow",  # the seeds fix the test's draws; the policy still chooses
     )
     config = FlashSpecConfig(
         sampling=SamplingConfig(gamma=3, temperature=0.7, top_p=0.9), bandit=bandit
@@ -221,6 +222,8 @@ def test_bad_bandit_config() -> None:
         BanditConfig(plain=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"BanditConfig\.context"):
         BanditConfig(context="ngram")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"BanditConfig\.seeded must be one of"):
+        BanditConfig(seeded="always")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_gamma"):
         SamplingConfig(max_gamma=0)
     target, draft = models("plain")
@@ -280,6 +283,58 @@ def test_greedy_with_model_selection_equals_target_generate(
     # An unmeasured drafter counts as free, so each drafter was tried.
     assert arms["draft/gamma"] > 0 and arms["prompt_lookup/gamma"] > 0, arms
     assert engine.model is not None and engine.model.rounds > 0
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_seeded_sampled_generation_runs_the_first_arm(rows: int) -> None:
+    """A seed fixes a sampled output even where the policy follows timings: the generation
+    runs the first arm (BanditConfig.seeded="fixed"), token for token what an engine with that
+    arm alone draws; "follow" lets the policy choose again."""
+    target, draft = dist_models()
+    sampling = SamplingConfig(gamma=3, temperature=1.0)
+    fixed = SpeculativeEngine(
+        FlashSpecConfig(sampling=sampling, bandit=BanditConfig(batches="fixed")),
+        [ModelDrafter(draft, name="draft")],
+        TargetModel(model=target),
+    )
+    prompts: Any = [[5, 6, 7, 8]] * rows
+    reference = fixed.generate(prompts, max_new_tokens=40, ignore_eos=True, seed=7)
+    for seeded in ("fixed", "follow"):
+        bandit = BanditConfig(plain=True, context="lookup", seed=0, seeded=seeded)  # type: ignore[arg-type]
+        engine = SpeculativeEngine(
+            FlashSpecConfig(sampling=sampling, bandit=bandit),
+            [ModelDrafter(draft, name="draft"), PromptLookupDrafter()],
+            TargetModel(model=target),
+        )
+        engine.generate(prompts, max_new_tokens=40, ignore_eos=True)  # teach it timings
+        result = engine.generate(prompts, max_new_tokens=40, ignore_eos=True, seed=7)
+        arms = set(result.stats.arm_rounds)
+        if seeded == "fixed":
+            assert arms == {"draft/gamma"}, result.stats.arm_rounds
+            assert result.tokens == reference.tokens
+        else:
+            # An unmeasured drafter counts as free, so the policy tries more than one arm.
+            assert len(arms) > 1, result.stats.arm_rounds
+
+
+def test_the_default_engine_can_decode_plainly() -> None:
+    """The engine a user gets without configuring one has the break-even arm: plain decoding,
+    chosen by the throughput model where its drafters stop paying (e.g. late in a long
+    generation); configured engines keep what they were given."""
+    from flashspec.options import EngineOptions
+
+    default = SpeculativeEngine.from_pretrained()
+    assert [arm.label for arm in default.arms] == ["demo-draft/gamma", "plain"]
+    assert default.throughput is not None
+    lookup = SpeculativeEngine.from_pretrained(drafters=["demo-draft", "prompt_lookup"])
+    assert [arm.label for arm in lookup.arms][-1] == "plain"
+    assert lookup.config.bandit.context == "lookup"
+    configured = SpeculativeEngine.from_pretrained(config=FlashSpecConfig())
+    assert [arm.label for arm in configured.arms] == ["demo-draft/gamma"]
+    cli = EngineOptions().build()
+    assert [arm.label for arm in cli.arms] == ["demo-draft/gamma", "plain"]
+    chosen = EngineOptions(draft="demo-draft3").build()
+    assert [arm.label for arm in chosen.arms] == ["demo-draft3/gamma"]
 
 
 def test_model_drafts_long_when_every_draft_is_accepted() -> None:

@@ -46,6 +46,7 @@ from .chat_requests import chat_ids as chat_ids
 from .chat_requests import copy_prompts as copy_prompts
 from .chat_requests import humaneval_requests as humaneval_requests
 from .common import machine_info, progress, quiet_timing, write_json
+from .lengths import length_study, report_lengths
 
 WORKLOADS = ("humaneval", "copy")
 HF_LOOKUP_TOKENS = 10
@@ -301,6 +302,8 @@ class ChatSettings:
     llamacpp: bool = True
     threads: int | None = None
     progress: bool = True
+    lengths: tuple[int, ...] = ()
+    length_prompts: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -639,6 +642,18 @@ def run_chat(settings: ChatSettings, build: Callable[..., Any] | None = None) ->
     data["targets"] = check_targets(summary)
     if sweep:
         data["gamma_sweep"] = gamma_sweep(methods, requests, encoded, settings)
+    if settings.lengths:
+        default = methods.engines["fs_default"]
+        data["lengths"] = length_study(
+            default,
+            methods.model,
+            spread(encoded, settings.length_prompts),
+            settings.lengths,
+            pad_id=methods.eos[0] if methods.eos else None,
+            max_positions=getattr(methods.model.config, "max_position_embeddings", None),
+            show_progress=settings.progress,
+        )
+        data["lengths"]["engine"] = [arm.label for arm in default.arms]
     return data
 
 
@@ -686,6 +701,12 @@ def settings_from_args(args: argparse.Namespace) -> ChatSettings:
         probe_reps=10 if args.quick else 25,
         threads=args.threads,
         progress=not args.no_progress,
+        lengths=(
+            args.lengths
+            if getattr(args, "lengths", None) is not None
+            else ((32, 96) if args.quick else (128, 512, 1024))
+        ),
+        length_prompts=getattr(args, "length_prompts", None) or (1 if args.quick else 3),
         extra={"quick": bool(args.quick), "command": " ".join(sys.argv)},
     )
 
@@ -707,6 +728,8 @@ def main(args: argparse.Namespace) -> int:
     data = {"machine": machine, **run_chat(settings)}
     data["wall_seconds"] = round(time.perf_counter() - started, 1)
     report_chat(data)
+    if "lengths" in data:
+        print(report_lengths(data["lengths"]), file=sys.stderr)
     write_json(data, Path(args.out_dir) / f"{name}.json")
     greedy_ok = all(
         s["all_match"]

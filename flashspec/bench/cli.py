@@ -92,6 +92,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         )
         p.add_argument("--no-sweep", action="store_true", help="skip the gamma sweep")
         p.add_argument(
+            "--lengths",
+            type=_argtypes.int_list,
+            default=None,
+            help="new-token counts of the long-generation study: the default engine against "
+            "HF greedy at each, and time per round against context length (default "
+            "128,512,1024; --quick 32,96; 0 skips it)",
+        )
+        p.add_argument(
+            "--length-prompts",
+            type=_argtypes.positive_int,
+            default=None,
+            help="prompts of the long-generation study (default 4; a real model 3)",
+        )
+        p.add_argument(
             "--methods", default=None, help="comma-separated subset of methods (default: all)"
         )
 

@@ -27,6 +27,7 @@ from .common import (
     stdlib_prompts,
     write_json,
 )
+from .lengths import length_study, report_lengths
 from .pair import Pair, encode, setup_pair
 from .report import plot_engine, report_engine
 from .runner import (
@@ -242,6 +243,38 @@ def run_engine(pair: Pair, prompts: list[Prompt], settings: EngineSettings) -> d
     return data
 
 
+LENGTHS = (128, 512, 1024)
+"""New tokens of the long-generation study (each cut to what the model's context holds)."""
+
+
+def run_lengths(
+    pair: Pair, prompts: list[Prompt], lengths: tuple[int, ...], settings: EngineSettings
+) -> dict[str, Any]:
+    """The long-generation study (``bench.lengths``) with the engine a user gets for this pair
+    without configuring one: its draft and plain decoding, chosen every round."""
+    from ..drafters import ModelDrafter
+    from ..engine import SpeculativeEngine
+    from ..models import TargetModel
+
+    target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
+    drafter = ModelDrafter(pair.draft, name=pair.draft_name, tokenizer=pair.tokenizer)
+    engine = SpeculativeEngine.from_pretrained(target, [drafter])
+    # Prompts short enough that the longest generation fits the demo's context after them.
+    encoded = [encode(pair, p.text, settings.max_prompt_tokens) for p in prompts]
+    engine.generate([encoded[0]], max_new_tokens=16, ignore_eos=True)  # warm-up, untimed
+    study = length_study(
+        engine,
+        pair.target,
+        encoded,
+        lengths,
+        pad_id=pair.pad_id,
+        max_positions=getattr(pair.target.config, "max_position_embeddings", None),
+        show_progress=settings.progress,
+    )
+    study["engine"] = [arm.label for arm in engine.arms]
+    return study
+
+
 def _parameters(model: Any) -> int:
     return sum(int(p.numel()) for p in model.parameters())
 
@@ -419,6 +452,11 @@ def main(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     data = {"machine": machine, **run_engine(pair, prompts, settings)}
+    lengths = args.lengths if args.lengths is not None else ((32, 96) if args.quick else LENGTHS)
+    if lengths and pair.draft is not None:
+        count = args.length_prompts or (1 if args.quick else 4)
+        data["lengths"] = run_lengths(pair, prompts[:count], lengths, settings)
+        print(report_lengths(data["lengths"]), file=sys.stderr)
     data["wall_seconds"] = round(time.perf_counter() - started, 1)
     report_engine(data)
     out = Path(args.out_dir)

@@ -3,6 +3,7 @@ verify, accept, commit, stop (see ``flashspec.engine`` for why it is exact)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -12,7 +13,7 @@ import torch
 
 from .._validate import is_int
 from ..compiled import CompileDecision, resolve_compile
-from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
+from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from ..loading import bundled_drafter
 from ..models import (
@@ -32,6 +33,7 @@ from ..select.policy import (
     Outcome,
     Policy,
     ThroughputPolicy,
+    default_bandit,
     make_batch_policy,
     make_policy,
 )
@@ -192,17 +194,16 @@ class SpeculativeEngine:
                 that flashspec ships (``"smollm2"``, ``flashspec.loading.drafts``) that draft
                 and prompt lookup; prompt lookup otherwise.
             config: settings; ``config.device`` and ``config.dtype`` apply to every model.
-                Default: ``FlashSpecConfig()``; for another target than the demo with the
-                default drafters, prompt lookup only in the rounds where the throughput model
-                expects it to pay, plain decoding in the others (``BanditConfig(plain=True,
-                context="lookup")``, what ``flashspec generate --target X`` builds).
+                Default: ``FlashSpecConfig()`` with the drafters and plain decoding chosen
+                every round by the throughput model, so that drafting stops where it does not
+                pay (``select.default_bandit``: ``BanditConfig(plain=True)``, with
+                ``context="lookup"`` when prompt lookup is among the drafters; what
+                ``flashspec generate`` builds without ``--draft``/``--drafter``).
             models: already-loaded models by name, so nothing is downloaded.
             tokenizer: the target's tokenizer when it cannot be loaded from ``target``.
         """
         demo = target is None or target == DEMO_NAME
-        if config is None and drafters is None and not demo:
-            # As `flashspec generate --target X`: prompt lookup in the rounds where it pays.
-            config = FlashSpecConfig(bandit=BanditConfig(plain=True, context="lookup"))
+        configured = config is not None
         config = config or FlashSpecConfig()
         models = models or {}
         if target is None and config.target_name is not None:
@@ -233,6 +234,8 @@ class SpeculativeEngine:
         bundled = bundled_drafter(named, target_model) if named is not None else None
         if bundled is not None:
             drafter_list.insert(0, bundled)  # the draft shipped for this named target
+        if not configured:
+            config = dataclasses.replace(config, bandit=default_bandit(drafter_list))
         return cls(config, drafter_list, target_model, selector)
 
     @property
@@ -457,11 +460,14 @@ class SpeculativeEngine:
 
         # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
         policy = self.policy
-        if self.batch_policy is not None and rows > 1 and (gen.warper.greedy or not gen.seeded):
-            # A seeded sampled generation keeps the configured arm: the batch policy's choices
-            # follow measured times, and with them which random draws a round takes.
+        # A seeded sampled generation keeps the first arm (BanditConfig.seeded): a policy's
+        # choices follow measured times, and with them which random draws a round takes.
+        follow = gen.warper.greedy or not gen.seeded or self.config.bandit.seeded == "follow"
+        if self.batch_policy is not None and rows > 1 and follow:
             policy = self.batch_policy
-        choice = policy.choose(gen.tokens, gen.padding, rows, room, self.target.cached > 0)
+        choice = policy.choose(
+            gen.tokens, gen.padding, rows, room, self.target.cached > 0, fixed=not follow
+        )
         # Choosing costs the same whichever arm wins, so the throughput model counts it with
         # the target side of the round, not as drafting: spread over the drafts it made every
         # draft look dearer and drafts shorter than the best.

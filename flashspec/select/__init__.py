@@ -8,7 +8,7 @@ behind it), ``bandit`` (UCB1 and Thompson selectors), ``throughput`` (the throug
 from __future__ import annotations
 
 from .bandit import Selector, ThompsonSelector, UCB1Selector, make_selector
-from .policy import Arm, Choice, Outcome, Policy, make_policy
+from .policy import Arm, Choice, Outcome, Policy, default_bandit, make_policy
 from .throughput import ThroughputModel
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "ThompsonSelector",
     "ThroughputModel",
     "UCB1Selector",
+    "default_bandit",
     "make_policy",
     "make_selector",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
+from ..config import BanditConfig, FlashSpecConfig, SamplingConfig, SelectorKind
 from ..drafters import Drafter, PromptLookupDrafter
 from ..models import Padding
 from .bandit import BanditKind, Selector, make_selector
@@ -126,11 +126,20 @@ class Policy:
             self.probe.reset()
 
     def choose(
-        self, tokens: torch.Tensor, padding: Padding, rows: int, room: int, prefilled: bool
+        self,
+        tokens: torch.Tensor,
+        padding: Padding,
+        rows: int,
+        room: int,
+        prefilled: bool,
+        *,
+        fixed: bool = False,
     ) -> Choice:
         """The arm for a round that may emit up to ``room`` tokens per row; drafts beyond
-        room - 1 could never be emitted (the round adds one token of its own)."""
-        choosing = room > 1 and self.chooses
+        room - 1 could never be emitted (the round adds one token of its own). ``fixed``: the
+        first arm at its configured length, whatever the policy would choose (and the round
+        teaches nothing)."""
+        choosing = room > 1 and self.chooses and not fixed
         context = self._context(tokens, padding) if choosing else 0
         index, gamma = self._pick(context, rows, room, choosing)
         # The first round also prefills the prompt, whichever arm runs it: it teaches nothing.
@@ -227,6 +236,17 @@ class ThroughputPolicy(Policy):
             full=choice.full,
             rows=outcome.rows,
         )
+
+
+def default_bandit(drafters: Sequence[Drafter], selector: SelectorKind = "model") -> BanditConfig:
+    """The selection an engine gets when its user configured none (``from_pretrained`` without
+    a config, ``flashspec generate``/``serve`` without ``--draft``/``--drafter``): the
+    drafters and plain decoding, chosen by the throughput model (or ``selector``) every round,
+    so drafting stops where it does not pay, as on a long generation whose acceptance falls;
+    with prompt lookup among the drafters, separate statistics for rounds with and without an
+    n-gram match."""
+    lookup = any(isinstance(d, PromptLookupDrafter) for d in drafters)
+    return BanditConfig(selector=selector, plain=True, context="lookup" if lookup else "none")
 
 
 def make_policy(
