@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "GenerationStats": ".engine",
     "SpeculativeEngine": ".engine",
     "StreamChunk": ".engine",
+    "TokenLogprob": ".engine",
     "TokenStream": ".engine",
     "TargetModel": ".models",
     "resolve_model_path": ".models",
@@ -57,6 +58,7 @@ __all__ = [
     "TargetModel",
     "ThompsonSelector",
     "ThroughputModel",
+    "TokenLogprob",
     "TokenStream",
     "UCB1Selector",
     "__version__",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         GenerationStats,
         SpeculativeEngine,
         StreamChunk,
+        TokenLogprob,
         TokenStream,
     )
     from .models import TargetModel, resolve_model_path

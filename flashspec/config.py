@@ -7,6 +7,7 @@ with a message naming the field and a valid alternative.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -85,6 +86,19 @@ class SamplingConfig:
         max_gamma: upper bound of the dynamic draft length (an arm whose gamma is larger
             keeps its own gamma as the bound).
         seed: seed for the engine's random generator (None: nondeterministic).
+        repetition_penalty: HF's ``repetition_penalty`` (> 0; 1.0 = off): the logit of every
+            token in the prompt or generated so far is divided by it where positive and
+            multiplied by it where negative.
+        presence_penalty: OpenAI's (in [-2, 2]; 0 = off): subtracted from the logit of every
+            token generated at least once (the prompt does not count).
+        frequency_penalty: OpenAI's (in [-2, 2]; 0 = off): times the number of times a token
+            was generated, subtracted from its logit.
+        logit_bias: token id -> value in [-100, 100], added to that token's logit (OpenAI's
+            ``logit_bias``).
+
+    Penalties and bias apply, in that order, before temperature, top-k and top-p, to the
+    target's logits at each position of a round as that position sees the output (committed
+    tokens and the drafts before it), so the output follows the penalized target exactly.
     """
 
     gamma: int = 4
@@ -99,6 +113,20 @@ class SamplingConfig:
     dynamic_gamma: bool = False
     max_gamma: int = 16
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or a bias changes the target's logits."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+        )
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str, hint: str = "") -> None:
@@ -148,6 +176,33 @@ class SamplingConfig:
         check(isinstance(self.dynamic_gamma, bool), "dynamic_gamma", "True or False")
         check(is_int(self.max_gamma) and self.max_gamma >= 1, "max_gamma", "an integer >= 1")
         check(self.seed is None or is_int(self.seed), "seed", "an integer or None")
+        check(
+            _is_real(self.repetition_penalty) and self.repetition_penalty > 0,
+            "repetition_penalty",
+            "a finite number > 0 (1.0 = off)",
+            "; try 1.1",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            check(_is_real(value) and -2.0 <= value <= 2.0, name, "in [-2, 2] (0 = off)")
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, Mapping):
+                raise ValueError(
+                    "SamplingConfig.logit_bias must be a mapping of token id -> value in "
+                    f"[-100, 100], got {type(bias).__name__}"
+                )
+            for token, value in bias.items():
+                if not is_int(token) or token < 0:
+                    raise ValueError(
+                        f"SamplingConfig.logit_bias keys must be token ids (integers >= 0), "
+                        f"got {token!r}"
+                    )
+                if not _is_real(value) or not -100.0 <= value <= 100.0:
+                    raise ValueError(
+                        f"SamplingConfig.logit_bias[{token}] must be in [-100, 100], got {value!r}"
+                    )
+            self.logit_bias = {int(t): float(v) for t, v in bias.items()}
 
     @property
     def resolved_method(self) -> Literal["rejection", "greedy", "typical"]:

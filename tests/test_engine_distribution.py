@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from chi2_helpers import chi_squared
 from conftest import build_llama
 
 import flashspec.sampling as sampling
@@ -23,11 +24,6 @@ from flashspec.sampling import Warper
 
 VOCAB = 12
 PROMPT = [1, 5, 7, 3, 9, 5, 7]
-# Upper 1% points of chi-squared, chi2.ppf(0.99, df) for df = index (df 0 unused).
-CHI2_99 = [
-    float("nan"), 6.635, 9.210, 11.345, 13.277, 15.086, 16.812, 18.475, 20.090, 21.666, 23.209,
-    24.725, 26.217, 27.688, 29.141, 30.578, 32.000, 33.409, 34.805, 36.191, 37.566,
-]  # fmt: skip
 
 
 @cache
@@ -48,31 +44,6 @@ def exact(temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]
         extended = torch.tensor([[*PROMPT, x] for x in range(VOCAB)])
         second_given = warper.probs(target(extended).logits[:, -1]).double()
     return first, first @ second_given
-
-
-def chi_squared(counts: Counter[int], expected_p: torch.Tensor) -> tuple[float, float]:
-    """(statistic, 1% critical value). Cells expected below 5 are merged, smallest first, so
-    every cell tested has an expected count of at least 5."""
-    n = sum(counts.values())
-    for token in range(VOCAB):
-        if expected_p[token] == 0:
-            assert counts[token] == 0, f"token {token} has probability 0 but was emitted"
-    ascending = sorted(
-        (n * float(expected_p[t]), counts[t]) for t in range(VOCAB) if expected_p[t] > 0
-    )
-    cells: list[tuple[float, int]] = []
-    pending_e, pending_o = 0.0, 0
-    for e, o in ascending:
-        pending_e, pending_o = pending_e + e, pending_o + o
-        if pending_e >= 5.0:
-            cells.append((pending_e, pending_o))
-            pending_e, pending_o = 0.0, 0
-    if pending_e > 0:  # leftovers join the last (largest) cell
-        e, o = cells.pop()
-        cells.append((e + pending_e, o + pending_o))
-    assert len(cells) >= 2 and all(e >= 5.0 for e, _ in cells)
-    stat = sum((o - e) ** 2 / e for e, o in cells)
-    return stat, CHI2_99[len(cells) - 1]
 
 
 def engine_for(

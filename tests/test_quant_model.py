@@ -24,8 +24,8 @@ pytest.importorskip("accelerate")
 
 import numpy as np
 import torch
+from chi2_helpers import CHI2_99
 from gguf_helpers import EOS_ID, transformers_gguf_load, write_tiny_gguf
-from test_engine_distribution import CHI2_99
 
 import flashspec.quant.ops as quant_ops
 from flashspec import (

@@ -46,7 +46,7 @@ from ..drafters import load_drafters
 from ..models import TargetModel
 from ..select.policy import Arm
 from .loop import RoundView, SpeculativeEngine
-from .results import GenerationResult, GenerationStats, StreamChunk, TokenStream
+from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprob, TokenStream
 
 # TargetModel and load_drafters: the earlier library imported them from here.
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "SpeculativeEngine",
     "StreamChunk",
     "TargetModel",
+    "TokenLogprob",
     "TokenStream",
     "load_drafters",
 ]

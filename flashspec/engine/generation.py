@@ -11,7 +11,7 @@ import torch
 from ..config import SamplingConfig
 from ..models import Padding
 from ..sampling import Warper
-from .results import GenerationStats
+from .results import GenerationStats, TokenLogprob
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Row:
     text: str = ""
     streamed: int = 0  # characters of ``text`` already streamed
     finish: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, if asked
 
 
 @dataclass
@@ -51,3 +52,4 @@ class Generation:
     joining: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, prompt ids)
     finished: bool = False  # the round loop has ended
     seeded: bool = False  # a seed fixes the random draws (the call's or the config's)
+    logprobs: int | None = None  # report each token's logprob and this many alternatives

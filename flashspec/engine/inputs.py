@@ -13,6 +13,7 @@ from ..config import FlashSpecConfig, SamplingConfig
 from ..models import Padding, TargetModel, as_id_list
 from ..sampling import Warper
 from .generation import Generation, Row
+from .logprobs import MAX_TOP
 
 Prompt = str | Sequence[str] | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
 Stop = str | Sequence[str] | Sequence[str | Sequence[str] | None] | None
@@ -31,6 +32,7 @@ def prepare(
     stop: Stop,
     seed: int | None,
     sampling: SamplingConfig | None,
+    logprobs: int | None = None,
 ) -> Generation:
     """Check every argument of ``generate``/``stream`` and build the generation's state.
 
@@ -39,6 +41,11 @@ def prepare(
     """
     if sampling is not None and not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a SamplingConfig or None, got {type(sampling).__name__}")
+    if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_TOP):
+        raise ValueError(
+            f"logprobs must be None (off) or an integer in [0, {MAX_TOP}] (the alternatives "
+            f"reported per token), got {logprobs!r}"
+        )
     if prompt is not None and input_ids is not None:
         raise ValueError("pass the prompt either positionally or as input_ids=, not both")
     rows = tokenize(target, input_ids if input_ids is not None else prompt, attention_mask)
@@ -71,6 +78,12 @@ def prepare(
     ).reshape(len(live), longest)
     left = torch.tensor([longest - len(rows[i]) for i in live], dtype=torch.int64, device=device)
     sampling = sampling or config.sampling
+    outside = [t for t in sampling.logit_bias or () if t >= target.vocab_size]
+    if outside:
+        raise ValueError(
+            f"logit_bias names token {outside[0]}, outside the target's vocabulary of "
+            f"{target.vocab_size} tokens; use ids below {target.vocab_size}"
+        )
     warper = (
         warper
         if sampling is config.sampling
@@ -101,6 +114,7 @@ def prepare(
         warper=warper,
         pad_id=pad,
         seeded=seed is not None,
+        logprobs=None if logprobs is None else int(logprobs),
     )
 
 

@@ -41,6 +41,8 @@ from ..select.throughput import ThroughputModel
 from .chat import Messages, chat_ids
 from .generation import Generation, Row
 from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
+from .logprobs import emitted_logprobs
+from .penalties import penalize
 from .results import GenerationResult, StreamChunk, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
 
@@ -282,6 +284,7 @@ class SpeculativeEngine:
         stop: Stop = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        logprobs: int | None = None,
     ) -> GenerationResult:
         """Generate a continuation of each prompt.
 
@@ -299,7 +302,11 @@ class SpeculativeEngine:
                 per row, gives each row its own (e.g. ``[["\n\n"], None]``).
             seed: seed for this call (default ``config.sampling.seed``).
             sampling: settings for this call instead of ``config.sampling`` (temperature,
-                top-k/top-p, method, gamma...), e.g. one per request in a server.
+                top-k/top-p, penalties, logit bias, method, gamma...), e.g. one per request in
+                a server.
+            logprobs: report the target's log-probability of every emitted token
+                (``result.logprobs``, ``StreamChunk.logprobs``) and of its ``logprobs`` most
+                likely alternatives (0 to 20); None (the default): none.
 
         Generation also ends at the target's context limit (``max_position_embeddings``):
         the row is truncated there with finish reason ``"context_limit"``.
@@ -314,6 +321,7 @@ class SpeculativeEngine:
             stop=stop,
             seed=seed,
             sampling=sampling,
+            logprobs=logprobs,
         )
         stream._decode_at_end()
         for _ in stream:
@@ -333,6 +341,7 @@ class SpeculativeEngine:
         stop: Stop = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        logprobs: int | None = None,
     ) -> TokenStream:
         """Like ``generate``, but returns an iterator of ``StreamChunk`` yielded as rounds commit.
 
@@ -352,6 +361,7 @@ class SpeculativeEngine:
             stop,
             seed,
             sampling,
+            logprobs,
         )
         generation.shiftable = self.shiftable
         generation.ragged = generation.shiftable and self.config.batching == "ragged"
@@ -370,6 +380,7 @@ class SpeculativeEngine:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        logprobs: int | None = None,
     ) -> GenerationResult:
         """Answer a conversation: ``generate`` on the prompt the tokenizer's chat template
         makes of ``messages`` (a plain ``role: content`` transcript without a template).
@@ -378,7 +389,7 @@ class SpeculativeEngine:
             messages: a string (one user message) or a list of ``{"role", "content"}`` dicts.
             max_new_tokens: as in ``generate``.
             system: a system message put first.
-            stop, seed, sampling: as in ``generate`` (one row).
+            stop, seed, sampling, logprobs: as in ``generate`` (one row).
 
         The reply ends at the target's end-of-sequence token (the template's end of turn);
         ``result.texts[0]`` is the reply alone.
@@ -388,7 +399,9 @@ class SpeculativeEngine:
                 template refused the conversation.
         """
         ids, stops = self._chat_prompt(messages, system, stop)
-        return self.generate([ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling)
+        return self.generate(
+            [ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling, logprobs=logprobs
+        )
 
     def chat_stream(
         self,
@@ -399,10 +412,13 @@ class SpeculativeEngine:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        logprobs: int | None = None,
     ) -> TokenStream:
         """Like ``chat``, but streams (see ``stream``)."""
         ids, stops = self._chat_prompt(messages, system, stop)
-        return self.stream([ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling)
+        return self.stream(
+            [ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling, logprobs=logprobs
+        )
 
     def _chat_prompt(
         self, messages: Messages, system: str | None, stop: str | Sequence[str] | None
@@ -508,7 +524,8 @@ class SpeculativeEngine:
 
         # 5. stop and stream
         new = [[*row[:c], row[g]] for c, row in zip(counts, host, strict=True)]
-        chunks, keep = finish_rows(gen, new)
+        logprobs = None if gen.logprobs is None else emitted_logprobs(logits, new, gen.logprobs)
+        chunks, keep = finish_rows(gen, new, logprobs)
         if len(keep) < len(gen.live):
             self._drop_rows(gen, keep)
         self._compact(gen)
@@ -576,6 +593,9 @@ class SpeculativeEngine:
         sampling = gen.sampling
         generator = gen.generator
         method = sampling.resolved_method
+        if sampling.penalized:
+            generated = [len(gen.rows[index].tokens) for index in gen.live]
+            logits = penalize(logits, gen.tokens, gen.padding, generated, proposal.tokens, sampling)
         ragged = gen.ragged
         if method == "greedy":
             with span("accept"):
@@ -740,6 +760,7 @@ class SpeculativeEngine:
             texts=texts,
             finish_reasons=[row.finish or "length" for row in gen.rows],
             stats=gen.stats,
+            logprobs=None if gen.logprobs is None else [list(row.logprobs) for row in gen.rows],
         )
 
 

@@ -111,6 +111,8 @@ class GenerationResult:
         finish_reasons: per row: "eos", "stop", "length" (max_new_tokens), "context_limit" or
             "cancelled" (``TokenStream.cancel``).
         stats: counters and timings.
+        logprobs: per row, one ``TokenLogprob`` per token of ``tokens`` (None unless
+            ``generate(..., logprobs=k)``).
     """
 
     output_ids: torch.Tensor
@@ -118,6 +120,7 @@ class GenerationResult:
     texts: list[str] | None
     finish_reasons: list[str]
     stats: GenerationStats
+    logprobs: list[list[TokenLogprob]] | None = None
 
     @property
     def text(self) -> str:
@@ -134,6 +137,25 @@ class GenerationResult:
         return self.texts[0]
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token, and of its most likely alternatives.
+
+    Taken from the raw logits of the forward that verified the token: log-softmax before any
+    penalty, bias, temperature, top-k or top-p (what OpenAI-compatible servers report).
+
+    Attributes:
+        token: the emitted token id.
+        logprob: its natural-log probability.
+        top: the ``k`` most likely tokens at that position, (id, logprob), most likely first
+            (empty unless ``logprobs=k`` with k > 0).
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class StreamChunk:
     """New output of one row in one round.
@@ -144,12 +166,14 @@ class StreamChunk:
         text: new text since the previous chunk of this row (empty without a tokenizer). Text
             ending in an incomplete character is held back until it completes.
         finish_reason: set on the row's last chunk.
+        logprobs: one per token of ``token_ids`` when the generation asked for them.
     """
 
     row: int
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class TokenStream:

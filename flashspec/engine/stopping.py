@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .generation import Generation, Row
-from .results import StreamChunk
+from .results import StreamChunk, TokenLogprob
 
 
 def row_room(gen: Generation, index: int, length: int) -> int:
@@ -29,10 +29,12 @@ def round_room(gen: Generation) -> int:
 
 
 def finish_rows(
-    gen: Generation, new_tokens: list[list[int]]
+    gen: Generation,
+    new_tokens: list[list[int]],
+    new_logprobs: list[list[TokenLogprob]] | None = None,
 ) -> tuple[list[StreamChunk], list[int]]:
     """Apply EOS, stop strings and limits to each live row's new tokens (already in
-    ``gen.tokens``).
+    ``gen.tokens``), and to their logprobs when the generation reports them.
 
     Returns:
         the round's chunks, and the positions (in ``gen.live``) of the rows still running.
@@ -62,7 +64,13 @@ def finish_rows(
             row.finish = "context_limit"
         gen.stats.new_tokens += len(row.tokens) - before
         text = text_delta(row)
-        chunks.append(StreamChunk(index, row.tokens[before:], text, row.finish))
+        logprobs = None
+        if new_logprobs is not None:
+            # The logprobs follow the tokens kept (a stop string may have cut some).
+            row.logprobs.extend(new_logprobs[position][: len(tokens)])
+            del row.logprobs[len(row.tokens) :]
+            logprobs = row.logprobs[before:]
+        chunks.append(StreamChunk(index, row.tokens[before:], text, row.finish, logprobs))
         if row.finish is None:
             keep.append(position)
     return chunks, keep
