@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ class DraftContext:
         generator: random source for sampled drafts.
         confidence_threshold: stop drafting once a row's top probability falls below this.
         residual: sampling backend (``SamplingConfig.residual``), also used for drafting.
+        adjust: the generation's penalties for a draft step's (B, V) logits, given the round's
+            drafts so far (``pick_draft`` applies it); None without penalties.
     """
 
     tokens: torch.Tensor
@@ -43,6 +45,7 @@ class DraftContext:
     generator: torch.Generator | None
     confidence_threshold: float | None = None
     residual: ResidualBackend = "auto"
+    adjust: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] | None = None
 
 
 @dataclass
@@ -226,6 +229,8 @@ def pick_draft(
     verification). The draft is appended to ``drafts``; the flag says whether the confidence
     stop (``ctx.confidence_threshold``) asks to draft no further."""
     threshold = ctx.confidence_threshold
+    if ctx.adjust is not None:
+        logits = ctx.adjust(logits, drafts)
     if ctx.warper.greedy:
         token = logits.max(dim=-1).indices
         probs = logits.float().softmax(dim=-1) if threshold is not None else None

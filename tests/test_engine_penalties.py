@@ -243,3 +243,23 @@ def test_bad_penalties_are_clear_errors() -> None:
     for bad in (-1, 21, 2.5, "3"):
         with pytest.raises(ValueError, match=r"logprobs must be None \(off\) or an integer"):
             eng.generate([PROMPTS[0]], 4, logprobs=bad)  # type: ignore[arg-type]
+
+
+def test_drafts_are_penalized_like_the_target() -> None:
+    """A draft equal to the target, penalized the same way step by step, proposes exactly the
+    penalized target's tokens: every draft is accepted (unpenalized drafts are exact too, but
+    rejected wherever a penalty changes the argmax)."""
+    import copy
+
+    target, _ = models()
+    sampling = SamplingConfig(
+        gamma=4, repetition_penalty=1.3, presence_penalty=2.0, frequency_penalty=1.0,
+        logit_bias={5: 2.0},
+    )  # fmt: skip
+    config = FlashSpecConfig(sampling=sampling, bandit=BanditConfig(batches="fixed"))
+    eng = SpeculativeEngine(
+        config, [ModelDrafter(copy.deepcopy(target))], TargetModel(model=target)
+    )
+    result = eng.generate(PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True)
+    assert result.stats.drafted > 40
+    assert result.stats.accepted == result.stats.drafted, result.stats

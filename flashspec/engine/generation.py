@@ -11,6 +11,7 @@ import torch
 from ..config import SamplingConfig
 from ..models import Padding
 from ..sampling import Warper
+from .penalties import Penalties
 from .results import GenerationStats, TokenLogprob
 
 
@@ -53,3 +54,4 @@ class Generation:
     finished: bool = False  # the round loop has ended
     seeded: bool = False  # a seed fixes the random draws (the call's or the config's)
     logprobs: int | None = None  # report each token's logprob and this many alternatives
+    penalties: Penalties | None = None  # this round's, when the sampling settings have any

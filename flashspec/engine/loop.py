@@ -42,7 +42,7 @@ from .chat import Messages, chat_ids
 from .generation import Generation, Row
 from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
 from .logprobs import emitted_logprobs
-from .penalties import penalize
+from .penalties import Penalties
 from .results import GenerationResult, StreamChunk, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
 
@@ -467,6 +467,11 @@ class SpeculativeEngine:
 
     def _round(self, gen: Generation) -> list[StreamChunk]:
         room, rows = round_room(gen), len(gen.live)
+        if gen.sampling.penalized:
+            generated = [len(gen.rows[index].tokens) for index in gen.live]
+            gen.penalties = Penalties(
+                gen.tokens, gen.padding, generated, self.target.vocab_size, gen.sampling
+            )
         if self.before_round:
             view = RoundView(self, gen, room)
             for hook in self.before_round:
@@ -586,6 +591,7 @@ class SpeculativeEngine:
             generator=gen.generator,
             confidence_threshold=gen.sampling.confidence_threshold,
             residual=gen.sampling.residual,
+            adjust=None if gen.penalties is None else gen.penalties.draft,
         )
 
     @staticmethod
@@ -593,9 +599,8 @@ class SpeculativeEngine:
         sampling = gen.sampling
         generator = gen.generator
         method = sampling.resolved_method
-        if sampling.penalized:
-            generated = [len(gen.rows[index].tokens) for index in gen.live]
-            logits = penalize(logits, gen.tokens, gen.padding, generated, proposal.tokens, sampling)
+        if gen.penalties is not None:
+            logits = gen.penalties.target(logits, proposal.tokens)
         ragged = gen.ragged
         if method == "greedy":
             with span("accept"):

@@ -4,7 +4,9 @@ A round verifies g drafts in one forward: position i of the target's logits (row
 the distribution after the committed tokens and the drafts before it. A penalty that counts the
 output must therefore count those drafts too, position by position; then each position's
 penalized distribution is exactly what plain decoding would have used there, and rejection
-sampling (or the greedy rule) keeps the penalized target's output.
+sampling (or the greedy rule) keeps the penalized target's output. The draft's logits get the
+same treatment step by step, so that a draft model proposes what the penalized target would
+(exactness does not need it; acceptance does).
 """
 
 from __future__ import annotations
@@ -15,53 +17,87 @@ from ..config import SamplingConfig
 from ..models import Padding
 
 
-def penalize(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    padding: Padding,
-    generated: list[int],
-    drafts: torch.Tensor,
-    sampling: SamplingConfig,
-) -> torch.Tensor:
-    """``logits`` (rows, g + 1, V) with ``sampling``'s penalties and bias applied, in float32.
-
-    Args:
-        tokens: (rows, L) committed tokens, left padded (``padding``), prompt then output.
-        generated: per row, how many of its committed tokens are output (the rest, after the
-            padding, are its prompt).
-        drafts: (rows, g) the round's drafts; position i counts drafts[:, :i].
+class Penalties:
+    """One round's penalties: the counts of the committed tokens, read once, applied to the
+    draft's logits step by step and to the target's at every position.
 
     Repetition (HF's meaning: prompt and output, divide a positive logit, multiply a negative
     one), then presence and frequency (OpenAI's: output only), then the bias.
     """
-    rows, positions, vocab = logits.shape
-    x = logits.float()
-    device = x.device
-    columns = torch.arange(tokens.shape[1], device=device)
-    width = tokens.shape[1]
-    starts = torch.tensor([width - n for n in generated], device=device).unsqueeze(1)
-    lefts = padding.left.to(device).unsqueeze(1)
-    ids = tokens.clamp(0, vocab - 1)
-    # (rows, V) output counts of the committed tokens.
-    output = (columns >= starts).to(x.dtype)
-    counts = torch.zeros(rows, vocab, device=device).scatter_add_(1, ids, output)
-    # (rows, g + 1, V): position i adds the drafts before it.
-    per_position = counts.unsqueeze(1).repeat(1, positions, 1)
-    if positions > 1:
-        hot = torch.nn.functional.one_hot(drafts.clamp(0, vocab - 1), vocab).to(x.dtype)
-        per_position[:, 1:] += hot.cumsum(dim=1)
-    if sampling.repetition_penalty != 1.0:
-        real = (columns >= lefts).to(x.dtype)
-        seen = torch.zeros(rows, vocab, device=device).scatter_add_(1, ids, real) > 0
-        seen = seen.unsqueeze(1) | (per_position > 0)
-        penalty = sampling.repetition_penalty
-        x = torch.where(seen, torch.where(x < 0, x * penalty, x / penalty), x)
-    if sampling.presence_penalty != 0.0:
-        x = x - sampling.presence_penalty * (per_position > 0).to(x.dtype)
-    if sampling.frequency_penalty != 0.0:
-        x = x - sampling.frequency_penalty * per_position
-    if sampling.logit_bias:
-        index = torch.tensor(list(sampling.logit_bias), device=device)
-        values = torch.tensor(list(sampling.logit_bias.values()), device=device)
-        x[..., index] += values
-    return x
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        padding: Padding,
+        generated: list[int],
+        vocab: int,
+        sampling: SamplingConfig,
+    ) -> None:
+        """
+        Args:
+            tokens: (rows, L) committed tokens, left padded (``padding``): prompt, then output.
+            generated: per row, how many of its committed tokens are output (the rest, after
+                the padding, are its prompt).
+            vocab: width of the logits.
+        """
+        self.sampling = sampling
+        self.vocab = vocab
+        device = tokens.device
+        width = tokens.shape[1]
+        columns = torch.arange(width, device=device)
+        starts = torch.tensor([width - n for n in generated], device=device).unsqueeze(1)
+        ids = tokens.clamp(0, vocab - 1)
+        rows = tokens.shape[0]
+        output = (columns >= starts).float()
+        # (rows, V) how often each token is in the committed output
+        self.counts = torch.zeros(rows, vocab, device=device).scatter_add_(1, ids, output)
+        self.seen: torch.Tensor | None = None  # (rows, V) in the prompt or the output
+        if sampling.repetition_penalty != 1.0:
+            real = (columns >= padding.left.to(device).unsqueeze(1)).float()
+            self.seen = torch.zeros(rows, vocab, device=device).scatter_add_(1, ids, real) > 0
+        self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
+        if sampling.logit_bias:
+            self.bias = (
+                torch.tensor(list(sampling.logit_bias), device=device),
+                torch.tensor(list(sampling.logit_bias.values()), device=device),
+            )
+
+    def target(self, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """(rows, g + 1, V) target logits -> penalized float32; position i counts
+        ``drafts[:, :i]`` (drafts: (rows, g))."""
+        positions = logits.shape[1]
+        counts = self.counts.unsqueeze(1).repeat(1, positions, 1)
+        if positions > 1:
+            hot = torch.nn.functional.one_hot(drafts.clamp(0, self.vocab - 1), self.vocab)
+            counts[:, 1:] += hot.float().cumsum(dim=1)
+        seen = None if self.seen is None else self.seen.unsqueeze(1)
+        return self._apply(logits.float(), counts, seen)
+
+    def draft(self, logits: torch.Tensor, drafts: list[torch.Tensor]) -> torch.Tensor:
+        """(rows, V) draft logits of the next draft step -> penalized float32, counting the
+        round's ``drafts`` so far (each (rows,))."""
+        if logits.shape[-1] != self.vocab:
+            return logits  # (a draft with a wider head: its proposals stay exact, unpenalized)
+        counts = self.counts
+        if drafts:
+            index = torch.stack(drafts, dim=1).clamp(0, self.vocab - 1)
+            counts = counts.scatter_add(1, index, torch.ones(index.shape, device=index.device))
+        return self._apply(logits.float(), counts, self.seen)
+
+    def _apply(
+        self, x: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor | None
+    ) -> torch.Tensor:
+        sampling = self.sampling
+        if seen is not None:
+            penalty = sampling.repetition_penalty
+            hit = seen | (counts > 0)
+            x = torch.where(hit, torch.where(x < 0, x * penalty, x / penalty), x)
+        if sampling.presence_penalty != 0.0:
+            x = x - sampling.presence_penalty * (counts > 0).float()
+        if sampling.frequency_penalty != 0.0:
+            x = x - sampling.frequency_penalty * counts
+        if self.bias is not None:
+            index, values = self.bias
+            x = x.clone()
+            x[..., index] += values
+        return x
