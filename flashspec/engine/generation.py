@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import SamplingConfig
+from ..grammar.masks import GrammarState
 from ..models import Padding
 from ..sampling import Warper
-from .penalties import Penalties
+from .penalties import Adjuster
 from .results import GenerationStats, TokenLogprob
 
 
@@ -54,4 +55,5 @@ class Generation:
     finished: bool = False  # the round loop has ended
     seeded: bool = False  # a seed fixes the random draws (the call's or the config's)
     logprobs: int | None = None  # report each token's logprob and this many alternatives
-    penalties: Penalties | None = None  # this round's, when the sampling settings have any
+    grammar: GrammarState | None = None  # the rows' grammar matchers (structured output)
+    adjusters: list[Adjuster] = field(default_factory=list)  # this round's logit changes

@@ -10,6 +10,8 @@ import torch
 
 from .._validate import is_int
 from ..config import FlashSpecConfig, SamplingConfig
+from ..grammar import Grammar
+from ..grammar.masks import GrammarState
 from ..models import Padding, TargetModel, as_id_list
 from ..sampling import Warper
 from .generation import Generation, Row
@@ -33,6 +35,7 @@ def prepare(
     seed: int | None,
     sampling: SamplingConfig | None,
     logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> Generation:
     """Check every argument of ``generate``/``stream`` and build the generation's state.
 
@@ -97,6 +100,15 @@ def prepare(
             generator.manual_seed(seed)
         else:
             generator.seed()
+    state = None
+    if grammar is not None:
+        if not isinstance(grammar, Grammar):
+            raise TypeError(
+                f"grammar must be a flashspec.grammar.Grammar or None, got {type(grammar).__name__}"
+            )
+        eos_ids = sorted(eos) or list(target.eos_token_ids)
+        state = GrammarState(grammar, target.tokenizer, eos_ids, target.vocab_size)
+        state.add_rows(live)
     return Generation(
         tokens=tokens,
         padding=Padding(left),
@@ -115,6 +127,7 @@ def prepare(
         pad_id=pad,
         seeded=seed is not None,
         logprobs=None if logprobs is None else int(logprobs),
+        grammar=state,
     )
 
 

@@ -15,6 +15,7 @@ from .._validate import is_int
 from ..compiled import CompileDecision, resolve_compile
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
+from ..grammar import Grammar
 from ..loading import bundled_drafter
 from ..models import (
     DEMO_DRAFT_NAME,
@@ -42,7 +43,7 @@ from .chat import Messages, chat_ids
 from .generation import Generation, Row
 from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
 from .logprobs import emitted_logprobs
-from .penalties import Penalties
+from .penalties import draft_adjust, round_adjusters
 from .results import GenerationResult, StreamChunk, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
 
@@ -285,6 +286,7 @@ class SpeculativeEngine:
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
         logprobs: int | None = None,
+        grammar: Grammar | None = None,
     ) -> GenerationResult:
         """Generate a continuation of each prompt.
 
@@ -307,6 +309,10 @@ class SpeculativeEngine:
             logprobs: report the target's log-probability of every emitted token
                 (``result.logprobs``, ``StreamChunk.logprobs``) and of its ``logprobs`` most
                 likely alternatives (0 to 20); None (the default): none.
+            grammar: a ``flashspec.grammar.Grammar`` (JSON schema, any JSON object, regular
+                expression, Lark) that every row's output must follow: the target's logits
+                are masked at every verified position by the grammar's state after the tokens
+                before it, the drafts' too (needs llguidance).
 
         Generation also ends at the target's context limit (``max_position_embeddings``):
         the row is truncated there with finish reason ``"context_limit"``.
@@ -322,6 +328,7 @@ class SpeculativeEngine:
             seed=seed,
             sampling=sampling,
             logprobs=logprobs,
+            grammar=grammar,
         )
         stream._decode_at_end()
         for _ in stream:
@@ -342,6 +349,7 @@ class SpeculativeEngine:
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
         logprobs: int | None = None,
+        grammar: Grammar | None = None,
     ) -> TokenStream:
         """Like ``generate``, but returns an iterator of ``StreamChunk`` yielded as rounds commit.
 
@@ -362,6 +370,7 @@ class SpeculativeEngine:
             seed,
             sampling,
             logprobs,
+            grammar,
         )
         generation.shiftable = self.shiftable
         generation.ragged = generation.shiftable and self.config.batching == "ragged"
@@ -381,6 +390,7 @@ class SpeculativeEngine:
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
         logprobs: int | None = None,
+        grammar: Grammar | None = None,
     ) -> GenerationResult:
         """Answer a conversation: ``generate`` on the prompt the tokenizer's chat template
         makes of ``messages`` (a plain ``role: content`` transcript without a template).
@@ -389,7 +399,7 @@ class SpeculativeEngine:
             messages: a string (one user message) or a list of ``{"role", "content"}`` dicts.
             max_new_tokens: as in ``generate``.
             system: a system message put first.
-            stop, seed, sampling, logprobs: as in ``generate`` (one row).
+            stop, seed, sampling, logprobs, grammar: as in ``generate`` (one row).
 
         The reply ends at the target's end-of-sequence token (the template's end of turn);
         ``result.texts[0]`` is the reply alone.
@@ -400,7 +410,13 @@ class SpeculativeEngine:
         """
         ids, stops = self._chat_prompt(messages, system, stop)
         return self.generate(
-            [ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling, logprobs=logprobs
+            [ids],
+            max_new_tokens,
+            stop=stops,
+            seed=seed,
+            sampling=sampling,
+            logprobs=logprobs,
+            grammar=grammar,
         )
 
     def chat_stream(
@@ -413,11 +429,18 @@ class SpeculativeEngine:
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
         logprobs: int | None = None,
+        grammar: Grammar | None = None,
     ) -> TokenStream:
         """Like ``chat``, but streams (see ``stream``)."""
         ids, stops = self._chat_prompt(messages, system, stop)
         return self.stream(
-            [ids], max_new_tokens, stop=stops, seed=seed, sampling=sampling, logprobs=logprobs
+            [ids],
+            max_new_tokens,
+            stop=stops,
+            seed=seed,
+            sampling=sampling,
+            logprobs=logprobs,
+            grammar=grammar,
         )
 
     def _chat_prompt(
@@ -467,11 +490,7 @@ class SpeculativeEngine:
 
     def _round(self, gen: Generation) -> list[StreamChunk]:
         room, rows = round_room(gen), len(gen.live)
-        if gen.sampling.penalized:
-            generated = [len(gen.rows[index].tokens) for index in gen.live]
-            gen.penalties = Penalties(
-                gen.tokens, gen.padding, generated, self.target.vocab_size, gen.sampling
-            )
+        gen.adjusters = round_adjusters(gen, self.target.vocab_size)
         if self.before_round:
             view = RoundView(self, gen, room)
             for hook in self.before_round:
@@ -529,6 +548,8 @@ class SpeculativeEngine:
 
         # 5. stop and stream
         new = [[*row[:c], row[g]] for c, row in zip(counts, host, strict=True)]
+        if gen.grammar is not None:
+            gen.grammar.commit(gen.live, new)
         logprobs = None if gen.logprobs is None else emitted_logprobs(logits, new, gen.logprobs)
         chunks, keep = finish_rows(gen, new, logprobs)
         if len(keep) < len(gen.live):
@@ -591,7 +612,7 @@ class SpeculativeEngine:
             generator=gen.generator,
             confidence_threshold=gen.sampling.confidence_threshold,
             residual=gen.sampling.residual,
-            adjust=None if gen.penalties is None else gen.penalties.draft,
+            adjust=draft_adjust(gen.adjusters),
         )
 
     @staticmethod
@@ -599,8 +620,8 @@ class SpeculativeEngine:
         sampling = gen.sampling
         generator = gen.generator
         method = sampling.resolved_method
-        if gen.penalties is not None:
-            logits = gen.penalties.target(logits, proposal.tokens)
+        for adjuster in gen.adjusters:
+            logits = adjuster.target(logits, proposal.tokens)
         ragged = gen.ragged
         if method == "greedy":
             with span("accept"):
@@ -684,6 +705,8 @@ class SpeculativeEngine:
                 f"{gen.limit}, leaving no room to generate; shorten the prompt"
             )
         index = len(gen.rows)
+        if gen.grammar is not None:
+            gen.grammar.add_rows([index])  # the generation's grammar binds every row
         gen.rows.append(Row())
         gen.max_new_tokens.append(max_new_tokens)
         gen.stops.extend(stops)

@@ -11,10 +11,55 @@ same treatment step by step, so that a draft model proposes what the penalized t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 
 from ..config import SamplingConfig
 from ..models import Padding
+
+if TYPE_CHECKING:
+    from .generation import Generation
+
+
+class Adjuster(Protocol):
+    """A change to one round's logits: penalties, a grammar's masks."""
+
+    def draft(self, logits: torch.Tensor, drafts: list[torch.Tensor]) -> torch.Tensor:
+        """(rows, V) logits of the next draft step, given the round's drafts so far."""
+        ...
+
+    def target(self, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """(rows, g + 1, V) verification logits; position i after drafts[:, :i]."""
+        ...
+
+
+def round_adjusters(gen: Generation, vocab: int) -> list[Adjuster]:
+    """The round's logit changes, in the order they apply: penalties and bias, then the
+    grammar's masks (last, so that nothing lifts a masked token)."""
+    adjusters: list[Adjuster] = []
+    if gen.sampling.penalized:
+        generated = [len(gen.rows[index].tokens) for index in gen.live]
+        adjusters.append(Penalties(gen.tokens, gen.padding, generated, vocab, gen.sampling))
+    if gen.grammar is not None:
+        adjusters.append(gen.grammar.round(gen.live))
+    return adjusters
+
+
+def draft_adjust(
+    adjusters: list[Adjuster],
+) -> Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] | None:
+    """The draft-side function of ``DraftContext.adjust``: every adjuster in order."""
+    if not adjusters:
+        return None
+
+    def adjust(logits: torch.Tensor, drafts: list[torch.Tensor]) -> torch.Tensor:
+        for adjuster in adjusters:
+            logits = adjuster.draft(logits, drafts)
+        return logits
+
+    return adjust
 
 
 class Penalties:
