@@ -72,6 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--system", default=None, metavar="TEXT", help="with --chat: a system message first"
     )
     gen.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the output must be JSON valid under the schema in FILE (needs llguidance: "
+        "pip install 'flashspec[grammar]')",
+    )
+    gen.add_argument(
+        "--regex",
+        default=None,
+        metavar="PATTERN",
+        help="the output must match PATTERN whole (needs llguidance)",
+    )
+    gen.add_argument(
         "--compare",
         action="store_true",
         help="also run plain target decoding; print the speedup and whether outputs match",
@@ -183,6 +197,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
     if args.compare and len(prompts) > 1:
         raise UserError("--compare runs one prompt; drop --batch-file or --compare")
+    grammar = _grammar(args)
+    if args.compare and (grammar is not None or args.presence_penalty or args.frequency_penalty):
+        raise UserError(
+            "--compare runs HF generate, which has no grammar or OpenAI penalties; drop "
+            "--compare, or --json-schema/--regex/--presence-penalty/--frequency-penalty"
+        )
     quiet_libraries()
     engine = build_engine(args)
     out = sys.stdout
@@ -196,7 +216,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if len(prompts) == 1:
         # Arguments are checked when the stream is made, before anything is printed.
         with _generation_errors():
-            stream = engine.stream([ids], max_new_tokens=args.max_new_tokens, stop=stops)
+            stream = engine.stream(
+                [ids], max_new_tokens=args.max_new_tokens, stop=stops, grammar=grammar
+            )
         if args.chat is None:
             out.write(prompts[0])
             out.flush()
@@ -207,7 +229,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result = stream.result
     else:
         with _generation_errors():
-            result = engine.generate(prompts, max_new_tokens=args.max_new_tokens)
+            result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, grammar=grammar)
         for i, (prompt, text) in enumerate(zip(prompts, result.texts or [], strict=False)):
             out.write(f"--- [{i}] ---\n{prompt}{text}\n")
     assert result is not None
@@ -268,8 +290,29 @@ def _generation_errors() -> Iterator[None]:
     """The engine's argument errors (a prompt longer than the context...) as one line."""
     try:
         yield
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:  # (ImportError: an optional extra is missing)
         raise UserError(first_line(exc)) from None
+
+
+def _grammar(args: argparse.Namespace) -> Any:
+    """The ``flashspec.grammar.Grammar`` that --json-schema or --regex asks for, or None."""
+    from .grammar import Grammar, GrammarError
+
+    if args.json_schema is not None and args.regex is not None:
+        raise UserError("give --json-schema or --regex, not both")
+    try:
+        if args.regex is not None:
+            return Grammar("regex", args.regex)
+        if args.json_schema is None:
+            return None
+        try:
+            text = args.json_schema.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--json-schema {args.json_schema}: {exc}") from None
+        return Grammar("json_schema", text)
+    except GrammarError as exc:
+        flag = "--regex" if args.regex is not None else f"--json-schema {args.json_schema}"
+        raise UserError(f"{flag}: {exc}") from None
 
 
 def _plain_generate(
@@ -287,6 +330,8 @@ def _plain_generate(
         "eos_token_id": eos or None,
         "pad_token_id": eos[0] if eos else 0,
     }
+    if args.repetition_penalty != 1.0:
+        options["repetition_penalty"] = args.repetition_penalty
     if args.temperature == 0:
         options["do_sample"] = False
     else:

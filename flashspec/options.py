@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -43,13 +44,19 @@ class EngineOptions:
     top_k: int = 0
     seed: int | None = None
     method: str = "auto"
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     device: str = "cpu"
     dtype: str = "auto"
     lockstep: bool = False
     compile: str = "auto"
 
     # The sampling flags: ``flashspec serve`` leaves them out (each request brings its own).
-    SAMPLING = ("temperature", "top_p", "top_k", "seed", "method")
+    SAMPLING = (
+        "temperature", "top_p", "top_k", "seed", "method", "repetition_penalty",
+        "presence_penalty", "frequency_penalty",
+    )  # fmt: skip
 
     @staticmethod
     def add_model_arguments(
@@ -137,6 +144,20 @@ class EngineOptions:
                 "rejection otherwise), rejection (lossless sampling), greedy, typical (lossy, "
                 "faster)",
             )
+            parser.add_argument(
+                "--repetition-penalty",
+                type=_argtypes.positive_float,
+                default=1.0,
+                help="HF's repetition penalty over prompt and output (1 = off; e.g. 1.1)",
+            )
+            for name, meaning in (("presence", "once generated"), ("frequency", "per use")):
+                parser.add_argument(
+                    f"--{name}-penalty",
+                    type=_argtypes.finite_float,
+                    default=0.0,
+                    help=f"OpenAI's {name} penalty in [-2, 2], subtracted from a token's logit "
+                    f"{meaning} in the output (0 = off)",
+                )
         parser.add_argument(
             "--lockstep",
             action="store_true",
@@ -198,6 +219,9 @@ class EngineOptions:
                     top_p=self.top_p,
                     method=self.method,  # type: ignore[arg-type]  # argparse choices
                     seed=self.seed,
+                    repetition_penalty=self.repetition_penalty,
+                    presence_penalty=self.presence_penalty,
+                    frequency_penalty=self.frequency_penalty,
                     dynamic_gamma=self.dynamic_gamma or (adaptive and self.selector != "model"),
                     confidence_threshold=self.confidence,
                 ),
@@ -394,12 +418,9 @@ def _check_device(device: str) -> None:
 
 def _flag_message(message: str) -> str:
     """Config errors name dataclass fields; say the flag the user typed instead."""
-    for field, flag in (
-        ("SamplingConfig.method", "--method"),
-        ("SamplingConfig.top_p", "--top-p"),
-        ("SamplingConfig.top_k", "--top-k"),
-        ("SamplingConfig.", "--"),
-        ("FlashSpecConfig.", "--"),
-    ):
-        message = message.replace(field, flag)
+    message = re.sub(
+        r"(?:SamplingConfig|FlashSpecConfig)\.(\w+)",
+        lambda m: "--" + m.group(1).replace("_", "-"),
+        message,
+    )
     return message.replace("method=", "--method ").replace("temperature=", "--temperature ")

@@ -189,3 +189,32 @@ def test_bad_combinations(
 ) -> None:
     assert main(argv) == 2
     assert expected in one_line_error(capsys)
+
+
+def test_structured_output_and_penalty_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--regex and --json-schema constrain the output; penalties reach the engine; bad values
+    are one-line errors naming the flag."""
+    import json
+    import re
+
+    pytest.importorskip("llguidance")
+    argv = ["generate", "x = ", "--max-new-tokens", "12", "--repetition-penalty", "1.2"]
+    assert main([*argv, "--regex", "[0-9]{1,3};"]) == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"x = [0-9]{1,3};?\n", out), out
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"enum": [1, 2]}},
+                                  "required": ["n"], "additionalProperties": False}))  # fmt: skip
+    assert main(["generate", "x = ", "--max-new-tokens", "60", "--json-schema", str(schema)]) == 0
+    assert json.loads(capsys.readouterr().out[len("x = ") :])["n"] in (1, 2)
+    assert main(["generate", "x", "--presence-penalty", "3"]) == 2
+    assert "--presence-penalty must be in [-2, 2]" in one_line_error(capsys)
+    assert main(["generate", "x", "--regex", "["]) == 2
+    assert "regex does not compile" in one_line_error(capsys)
+    schema.write_text("{not json")
+    assert main(["generate", "x", "--json-schema", str(schema)]) == 2
+    assert f"--json-schema {schema}: the JSON schema is not valid JSON" in one_line_error(capsys)
+    assert main(["generate", "x", "--regex", "a", "--compare"]) == 2
+    assert "--compare runs HF generate" in one_line_error(capsys)

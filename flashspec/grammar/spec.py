@@ -76,10 +76,13 @@ class Grammar:
         """The grammar in llguidance's own form (``LLMatcher``'s argument)."""
         from llguidance import LLMatcher
 
+        # Compact JSON unless the schema's "x-guidance" says otherwise: with free whitespace a
+        # small model can fill its whole budget with newlines and never close the object.
+        compact: Any = {"whitespace_flexible": False}
         if self.kind == "json_object":
-            return str(LLMatcher.grammar_from_json_schema({"type": "object"}))
+            return str(LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=compact))
         if self.kind == "json_schema":
-            return str(LLMatcher.grammar_from_json_schema(self.source))
+            return str(LLMatcher.grammar_from_json_schema(self.source, defaults=compact))
         if self.kind == "regex":
             return str(LLMatcher.grammar_from_regex(self.source))
         return str(LLMatcher.grammar_from_lark(self.source))
