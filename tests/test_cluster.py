@@ -187,6 +187,22 @@ def test_errors_from_a_replica_keep_openai_shape(cluster: Cluster) -> None:
     assert_error(answer, 400, param="max_tokens")
 
 
+def test_framing_limits_hold_behind_the_proxy(cluster: Cluster) -> None:
+    """Issue 38 through Ray's proxy: no redirect for a trailing slash, 415 for a body that is
+    not JSON (from the ingress, before forwarding), HEAD probes answered."""
+    evil = {**AUTH, "Host": "evil.example:666"}
+    status, headers, answer = request(cluster, "POST", "/v1/completions/", body("x"), evil)
+    assert status == 404 and "location" not in headers, (status, headers)
+    assert_error(answer, 404)
+    plain = {**AUTH, "Content-Type": "text/plain"}
+    status, headers, answer = request(cluster, "POST", "/v1/completions", body("x"), plain)
+    assert status == 415 and headers[REPLICA_HEADER] == "ingress", answer
+    assert assert_error(answer, 415)["code"] == "unsupported_media_type"
+    for path in ("/health", "/metrics"):
+        status, _, answer = request(cluster, "HEAD", path, headers=AUTH)
+        assert status == 200 and answer == "", (path, status, answer)
+
+
 def cancelled_running(cluster: Cluster) -> float:
     """Rows cancelled mid-generation because their client left, over every replica."""
     text = request(cluster, "GET", "/metrics", headers=AUTH)[2]

@@ -86,7 +86,8 @@ def get(port: int, path: str, body: dict[str, Any] | None = None) -> tuple[int, 
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        connection.request("POST" if body else "GET", path, body=data)
+        headers = {"Content-Type": "application/json"} if body else {}
+        connection.request("POST" if body else "GET", path, body=data, headers=headers)
         response = connection.getresponse()
         return (
             response.status,

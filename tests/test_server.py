@@ -453,7 +453,12 @@ def test_timeout_504_cancels_the_row(small: ServerThread) -> None:
 def test_non_streaming_client_that_leaves_frees_its_row(small: ServerThread) -> None:
     before = metric(small, "flashspec_cancelled_total", reason="disconnect", stage="running")
     connection = http.client.HTTPConnection(small.host, small.port, timeout=60)
-    connection.request("POST", "/v1/completions", body=json.dumps(LONG).encode())
+    connection.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps(LONG).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     assert wait_for(lambda: metric(small, "flashspec_running_rows") == 1)
     connection.close()
     assert wait_for(
@@ -565,6 +570,8 @@ def test_cli_serve_port_in_use(capsys: pytest.CaptureFixture[str]) -> None:
         (["serve", "--port", "70000"], "--port"),
         (["serve", "--timeout", "0"], "--timeout"),
         (["serve", "--max-batch", "0"], "--max-batch"),
+        (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout"),
+        (["serve", "--shutdown-timeout", "inf"], "--shutdown-timeout"),
     ],
 )
 def test_cli_serve_flag_errors(

@@ -32,7 +32,7 @@ def replica_options(settings: ClusterSettings) -> dict[str, Any]:
         # ready; the health check replaces one whose worker died.
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
-        "graceful_shutdown_timeout_s": 10.0,
+        "graceful_shutdown_timeout_s": settings.shutdown_timeout_s,
     }
     autoscaling = settings.autoscaling
     if autoscaling is None:

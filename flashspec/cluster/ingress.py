@@ -13,6 +13,12 @@ When a replica dies:
 
 ``/health`` and ``/metrics`` are the ingress's own: every replica's health, and every replica's
 metrics labelled ``replica="<id>"`` plus the ingress's counters (see ``board``).
+
+The single-process server's checks on a request's framing apply here too, before a body is
+read or forwarded: request line and headers over 16 KiB (431), Content-Length together with
+Transfer-Encoding (400, connection closed), and an authorized generation request without a
+JSON Content-Type (415). Ray Serve's proxy, not flashspec's, parses the HTTP, so the header
+deadline of ``flashspec.serve.http`` does not apply.
 """
 
 from __future__ import annotations
@@ -35,6 +41,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..serve.framing import (
+    DEFAULT_MAX_HEADER_BYTES,
+    ambiguous_length,
+    check_content_type,
+    header_bytes,
+    headers_too_large,
+)
 from ..serve.metrics import Metrics
 from ..serve.protocol import ApiError
 from ..serve.responses import sse
@@ -52,6 +65,8 @@ INGRESS = "ingress"  # the x-flashspec-replica value of answers the ingress give
 DEADLINE_SLACK_S = 10.0
 # Errors meaning the replica (not the request) failed: the request may go to another one.
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+# The endpoints whose bodies the ingress checks before reading them (the replica checks again).
+GENERATION_ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 def ingress_metrics() -> Metrics:
@@ -117,6 +132,7 @@ class Ingress:
         request = Request(scope, receive)
         response: Response
         try:
+            check_framing(scope)
             if scope["path"] == "/health" and request.method in ("GET", "HEAD"):
                 response = await self.health()
             elif scope["path"] == "/metrics" and request.method in ("GET", "HEAD"):
@@ -165,6 +181,15 @@ class Ingress:
 
     async def forward(self, request: Request) -> Response:
         """``request`` answered by a replica (retried on another if its replica dies first)."""
+        if (
+            request.method == "POST"
+            and request.scope["path"] in GENERATION_ENDPOINTS
+            and self._authorized(request)
+        ):
+            # The replica's app would refuse a body that is not JSON, after the API key: so
+            # refuse it here before reading the body (a request without the key goes on to
+            # the replica, which answers its 401).
+            check_content_type(request.scope["headers"])
         body = await read_body(request, DEFAULT_MAX_BODY_BYTES, DEFAULT_BODY_TIMEOUT_S)
         client = request.scope.get("client")
         forwarded = Forwarded(
@@ -224,6 +249,14 @@ class Ingress:
                 parts.cancel()  # the client left (cancelled) or the call failed: stop the replica
                 raise
 
+    def _authorized(self, request: Request) -> bool:
+        """Whether ``request`` carries the API key (when one is set)."""
+        try:
+            authorize(request, self.settings.api_key)
+        except ApiError:
+            return False
+        return True
+
     def _relay(self, head: Head, parts: Any) -> Response:
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -239,6 +272,25 @@ class Ingress:
         response = StreamingResponse(body(), status_code=head.status)
         response.raw_headers = end_to_end(head.headers)
         return response
+
+
+def check_framing(scope: Scope) -> None:
+    """The single-process server's connection-level refusals, on an ASGI request.
+
+    Raises:
+        ApiError: 431 for a request line and headers over ``DEFAULT_MAX_HEADER_BYTES`` (as
+            sent: ASGI gives the parsed headers); 400 with ``Connection: close`` for
+            Content-Length with Transfer-Encoding.
+    """
+    headers = scope["headers"]
+    query = scope.get("query_string", b"")
+    target = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
+    target = target + b"?" + query if query else target
+    if header_bytes(scope["method"], target, headers) > DEFAULT_MAX_HEADER_BYTES:
+        raise headers_too_large(DEFAULT_MAX_HEADER_BYTES)
+    refusal = ambiguous_length(headers)
+    if refusal is not None:
+        raise refusal
 
 
 class _Asgi:

@@ -12,7 +12,7 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..options import EngineOptions, UserError
-from ..serve.worker import BATCHING_MODES
+from ..serve.worker import BATCHING_MODES, DEFAULT_SHUTDOWN_TIMEOUT_S
 
 DEFAULT_APP_NAME = "flashspec"
 # How text spells a boolean in ``serve run key=value`` arguments.
@@ -73,6 +73,9 @@ class ClusterSettings:
         api_key: when set, every endpoint but ``/health`` needs ``Authorization: Bearer KEY``.
         retries: other replicas a request is tried on when its replica dies before a byte of
             the answer was sent (0: none).
+        shutdown_timeout_s: how long a replica that Ray Serve stops (scaling down, a
+            redeploy, ``serve.delete``) may finish its requests before it is killed; a request
+            of a killed replica goes to another one (``retries``) or ends in an error.
         app_name: the Ray Serve application's name (one cluster can hold several).
     """
 
@@ -88,6 +91,7 @@ class ClusterSettings:
     timeout_s: float = 60.0
     api_key: str | None = None
     retries: int = 2
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     app_name: str = DEFAULT_APP_NAME
 
     def __post_init__(self) -> None:
@@ -109,6 +113,7 @@ class ClusterSettings:
         need(isinstance(self.max_queue, int) and self.max_queue >= 1, "max_queue", ">= 1")
         need(self.timeout_s > 0, "timeout_s", "> 0 seconds")
         need(isinstance(self.retries, int) and self.retries >= 0, "retries", ">= 0")
+        need(self.shutdown_timeout_s >= 0, "shutdown_timeout_s", ">= 0 seconds")
         need(bool(self.app_name), "app_name", "a non-empty name")
 
     @property

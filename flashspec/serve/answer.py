@@ -3,7 +3,6 @@ as server-sent events. The two endpoints differ only in their ``Shapes``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -15,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from . import responses
+from .framing import check_content_type
 from .generation import Choice, Delta, Generation, Prepared
 from .protocol import ApiError
 from .responses import Envelope
@@ -48,9 +48,10 @@ async def answer(service: Service, request: Request, shapes: Shapes) -> Response
     """Answer one request to ``shapes.endpoint``, whole or as server-sent events."""
     arrived = time.perf_counter()
     service.authorize(request)
+    service.check_admitting()
+    check_content_type(request.scope["headers"])
     raw = await service.read_body(request)
-    loop = asyncio.get_running_loop()
-    prepared = await loop.run_in_executor(service.preparer, shapes.prepare_body, service, raw)
+    prepared = await service.prepare(shapes.prepare_body, raw, arrived)
     envelope = Envelope(f"{shapes.prefix}-{uuid.uuid4().hex}", int(time.time()), service.model_name)
     generation = Generation(service, prepared, shapes.endpoint, arrived)
     if not prepared.stream:

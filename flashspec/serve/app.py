@@ -123,7 +123,7 @@ def create_app(
         try:
             yield
         finally:
-            service.preparer.shutdown(wait=False, cancel_futures=True)
+            service.shut_down_preparers()
             await asyncio.to_thread(service.worker.stop)
 
     app = FastAPI(
@@ -133,32 +133,40 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        # Starlette would answer "/v1/completions/" with a redirect to the same path without
+        # the slash, on the host the request's Host header names: any host a client picks, and
+        # before the API key is checked. A 404 naming the right path instead.
+        redirect_slashes=False,
     )
     app.state.service = service
     app.add_middleware(_CountRequests, metrics=service.metrics)
     _add_error_handlers(app)
 
-    @app.get("/health")
+    # Every GET answers HEAD too (uvicorn sends the headers only): load balancers probe with
+    # either.
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         # Open even with an API key, so load balancers can probe without one.
+        if service.shutting_down:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
         if not service.worker.alive:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok", "model": service.model_name})
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus(request: Request) -> Response:
         service.authorize(request)
         return PlainTextResponse(
             service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: Request) -> Response:
         service.authorize(request)
         card = model_card(service.model_name, service.created)
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.get("/v1/models/{model:path}")
+    @app.api_route("/v1/models/{model:path}", methods=["GET", "HEAD"])
     async def model(request: Request, model: str) -> Response:
         service.authorize(request)
         service.check_model(model)
@@ -200,8 +208,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
+            path = request.url.path
+            hint = ""
+            if path != "/" and path.rstrip("/") in ENDPOINTS:
+                hint = f" (did you mean {path.rstrip('/')}, without the trailing slash?)"
             message = (
-                f"no endpoint {request.method} {request.url.path}; this server has POST "
+                f"no endpoint {request.method} {path}{hint}; this server has POST "
                 "/v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, "
                 "GET /metrics"
             )

@@ -6,6 +6,9 @@ without one a plain ``role: content`` transcript that ``FALLBACK_CHAT_STOP`` end
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -35,7 +38,10 @@ def prepare(service: Service, request: ChatRequest) -> Prepared:
         chat = render(service.tokenizer, conversation)
     except ChatTemplateError as exc:
         raise invalid(f"messages: {exc}", param="messages") from None
-    ids = service.encode(chat.text, special=chat.special)
+    # The content alone undercounts: each message adds its role and the template's markup, so
+    # the text the tokenizer would read is measured too (check_messages bounded its size).
+    service.check_chars(len(chat.text), "messages", "conversation (chat-formatted)")
+    ids = service.start_token(service.encode(chat.text, special=chat.special), "messages")
     stops = tuple(dict.fromkeys((*stops, *chat.stops)))
     requested = request.max_completion_tokens or request.max_tokens
     if requested != (request.max_tokens or requested):
@@ -57,9 +63,33 @@ def prepare(service: Service, request: ChatRequest) -> Prepared:
     )
 
 
+def check_messages(service: Service, body: dict[str, Any]) -> None:
+    """Refuse a conversation of more messages than the context has tokens, before validating
+    or rendering any of it.
+
+    Every message takes at least one token once chat-formatted (its role, the template's
+    markup), so such a conversation cannot fit; and without this bound a body of empty
+    messages would be rendered and tokenized in full before its length was known.
+
+    Raises:
+        ApiError: 400 ``context_length_exceeded`` naming ``messages``.
+    """
+    messages = body.get("messages")
+    limit = service.max_context
+    if limit is None or not isinstance(messages, list) or len(messages) < limit:
+        return
+    raise invalid(
+        f"messages holds {len(messages)} messages but this model's context is {limit} tokens; "
+        "every message takes at least one token once chat-formatted, so the conversation "
+        "cannot fit and is refused before rendering it; send fewer messages",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
 def prepare_body(service: Service, raw: bytes) -> Prepared:
     """Parse, check and tokenize a raw request body (on the service's preparing thread)."""
-    return prepare(service, parse_body(raw, ChatRequest))
+    return prepare(service, parse_body(raw, ChatRequest, partial(check_messages, service)))
 
 
 SHAPES = Shapes(

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import _argtypes
 from ..options import EngineOptions, UserError
-from .worker import BATCHING_MODES  # stdlib only: loads without FastAPI
+from .worker import BATCHING_MODES, DEFAULT_SHUTDOWN_TIMEOUT_S  # stdlib only: no FastAPI
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
@@ -32,6 +32,14 @@ def seconds(text: str) -> float:
     value = _argtypes.finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
+def grace_seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (0: no grace)."""
+    value = _argtypes.finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
     return value
 
 
@@ -84,6 +92,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=seconds,
         default=60.0,
         help="per-request limit in seconds, queueing included; then 504 (60)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=grace_seconds,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM or Ctrl-C, seconds running generations get to finish; queued ones, "
+        "and running ones past it, get 503 (10)",
     )
     serve.add_argument(
         "--api-key",
@@ -190,6 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             timeout_s=args.timeout,
             api_key=api_key,
+            shutdown_timeout_s=args.shutdown_timeout,
         )
     except KeyboardInterrupt:
         # uvicorn shuts down gracefully on Ctrl-C, then re-raises it: the normal way to stop.
@@ -221,6 +237,7 @@ def _serve_replicas(args: argparse.Namespace, api_key: str | None) -> int:
         max_queue=args.max_queue,
         timeout_s=args.timeout,
         api_key=api_key,
+        shutdown_timeout_s=args.shutdown_timeout,
     )
     cluster = Cluster(settings, host=args.host, port=args.port)
     where = os.environ.get(RAY_ADDRESS_ENV) or "a local Ray head"

@@ -35,7 +35,12 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
         else:
             service.check_ids(item, "prompt")
     prompts = [
-        service.encode(item, special=True) if isinstance(item, str) else item for item in items
+        service.start_token(
+            service.encode(item, special=True) if isinstance(item, str) else item,
+            "prompt",
+            "prompt" if len(items) == 1 else f"prompt {i}",
+        )
+        for i, item in enumerate(items)
     ]
     max_tokens = [
         service.max_tokens_for(

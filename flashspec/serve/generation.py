@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Hashable, Sequence
+from collections.abc import AsyncGenerator, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from .protocol import ApiError
-from .worker import Event, Job, QueueFull
+from .service import shutting_down
+from .stops import StopTrimmer as StopTrimmer
+from .worker import Event, Job, QueueFull, ShuttingDown
 
 if TYPE_CHECKING:
     from ..config import SamplingConfig
@@ -25,40 +27,6 @@ if TYPE_CHECKING:
 DISCONNECT_POLL_S = 0.25
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_limit": "length"}
-
-
-class StopTrimmer:
-    """Turns a row's text deltas into OpenAI's: without the stop string that ended the row.
-
-    The engine keeps a stop string in its output; OpenAI's API leaves it out. Text that could
-    be the beginning of a stop string is held back until the next delta shows it is not.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.text = ""
-        self.sent = 0
-
-    def feed(self, delta: str, finish_reason: str | None) -> str:
-        """Add the engine's delta; return the text that can be sent now."""
-        self.text += delta
-        end = len(self.text)
-        if finish_reason == "stop":
-            hits = [found for s in self.stops if (found := self.text.find(s)) >= 0]
-            end = min(hits, default=end)
-        elif finish_reason is None:
-            end -= self._held()
-        out = self.text[self.sent : end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return out
-
-    def _held(self) -> int:
-        """Length of the longest end of the text that begins some stop string."""
-        for size in range(min(max((len(s) for s in self.stops), default=0), len(self.text)), 0, -1):
-            tail = self.text[-size:]
-            if any(s.startswith(tail) and len(s) > size for s in self.stops):
-                return size
-        return 0
 
 
 @dataclass
@@ -140,6 +108,8 @@ class Generation:
         worker = service.worker
         try:
             worker.submit([choice.job for choice in self.choices])
+        except ShuttingDown:
+            raise shutting_down() from None
         except QueueFull:
             retry = worker.retry_after_s()
             raise ApiError(
@@ -204,9 +174,7 @@ class Generation:
         if event.finish_reason == "cancelled":
             # Not by this request (it would have stopped listening): the server is stopping.
             choice.done = True
-            raise ApiError(
-                503, "the server is shutting down", type="server_error", code="shutting_down"
-            )
+            raise shutting_down()
         text = choice.trimmer.feed(event.text, event.finish_reason)
         choice.text += text
         choice.tokens += event.tokens

@@ -1,6 +1,7 @@
 """The HTTP/1.1 connection of ``flashspec serve``: uvicorn's h11 protocol with a header deadline.
 
-Connection-level errors (malformed HTTP, headers too large) come in OpenAI's JSON error shape.
+Connection-level errors (malformed HTTP, headers too large, a body length given twice) come in
+OpenAI's JSON error shape.
 """
 
 from __future__ import annotations
@@ -8,12 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .framing import DEFAULT_MAX_HEADER_BYTES, ambiguous_length, headers_too_large
 from .protocol import ApiError
+
+__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "DEFAULT_MAX_HEADER_BYTES", "GuardedH11Protocol"]
 
 logger = logging.getLogger("flashspec.server")
 
@@ -29,25 +34,54 @@ logger = logging.getLogger("flashspec.server")
 # plain text. None of them reaches the app, so ``/metrics`` does not count them.
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
-# h11's own default: the request line and headers together, in bytes.
-DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+
+# Where h11 ends a request's headers: the first empty line, with or without its CR.
+_BLANK_LINE = re.compile(b"\n\r?\n")
 
 
 class _Connection(h11.Connection):
-    """h11's server connection, remembering the protocol error that ended it.
+    """h11's server connection, holding every request to the header limit and remembering the
+    protocol error that ended it.
 
-    uvicorn catches that error and answers 400 without it; the error's status hint (431 for
-    headers too large) picks the status instead.
+    uvicorn catches that error and answers 400 without it; ``refusal`` (this class's own
+    checks) or the error's status hint (h11's 431) picks the answer instead.
     """
 
     error: h11.RemoteProtocolError | None = None
+    refusal: ApiError | None = None
+
+    def __init__(self, max_header_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_header_bytes)
+        self.max_header_bytes = max_header_bytes
 
     def next_event(self) -> Any:
         try:
-            return super().next_event()
+            # h11 measures headers only while they are incomplete, so a block that arrives
+            # whole (in one read, or pipelined behind an earlier request and parsed once that
+            # one is answered) would pass. Every request starts in IDLE, so measuring here,
+            # before h11 parses it, holds each one to the limit however its bytes came.
+            if self.their_state is h11.IDLE and self._headers_too_large():
+                self._refuse(headers_too_large(self.max_header_bytes))
+            event = super().next_event()
+            if isinstance(event, h11.Request):
+                refusal = ambiguous_length(event.headers)
+                if refusal is not None:
+                    self._refuse(refusal)
+            return event
         except h11.RemoteProtocolError as exc:
             self.error = exc
             raise
+
+    def _headers_too_large(self) -> bool:
+        pending, _ = self.trailing_data
+        limit = self.max_header_bytes
+        # The blank line that ends the headers must come within the first ``limit`` bytes
+        # (plus its own four).
+        return len(pending) > limit and _BLANK_LINE.search(pending, 0, limit + 4) is None
+
+    def _refuse(self, refusal: ApiError) -> None:
+        self.refusal = refusal
+        raise h11.RemoteProtocolError(refusal.message, error_status_hint=refusal.status)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -62,7 +96,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._h11 = _Connection(h11.SERVER, self.max_header_bytes)
+        self._h11 = _Connection(self.max_header_bytes)
         self.conn = self._h11
         self._header_timer: asyncio.TimerHandle | None = None
 
@@ -79,37 +113,18 @@ class GuardedH11Protocol(H11Protocol):
         # The next request's headers get the same time as the first's.
         self._arm_header_timer()
 
-    def data_received(self, data: bytes) -> None:
-        # h11 checks the size of headers only while they are incomplete: a large block that
-        # arrives in one read would pass. Counting here holds every request to the limit.
-        if self.conn.their_state is h11.IDLE and self._headers_too_large(data):
-            self._answer_and_close(self._too_large())
-            return
-        super().data_received(data)
-
     def send_400_response(self, msg: str) -> None:
+        if self._h11.refusal is not None:
+            self._answer_and_close(self._h11.refusal)
+            return
         error = self._h11.error
         if error is not None and error.error_status_hint == 431:
-            self._answer_and_close(self._too_large())
+            self._answer_and_close(headers_too_large(self.max_header_bytes))
             return
         detail = f" ({error})" if error is not None and str(error) else ""
         message = f"the request is not valid HTTP/1.1{detail}; send a well-formed request"
         logger.info("refused a malformed HTTP request from %s: %s", self.client, message)
         self._answer_and_close(ApiError(400, message, code="invalid_http"))
-
-    def _headers_too_large(self, data: bytes) -> bool:
-        limit = self.max_header_bytes
-        pending = self.conn.trailing_data[0] + data
-        # The blank line that ends the headers must come within the first ``limit`` bytes.
-        return len(pending) > limit and pending.find(b"\r\n\r\n", 0, limit + 4) < 0
-
-    def _too_large(self) -> ApiError:
-        return ApiError(
-            431,
-            f"the request line and headers are larger than this server accepts "
-            f"({self.max_header_bytes} bytes); send fewer or shorter headers",
-            code="headers_too_large",
-        )
 
     # -- the header deadline ----------------------------------------------------------------
 

@@ -215,11 +215,19 @@ def check_unsupported(request: BaseModel) -> None:
 # ------------------------------------------------------------------------------------ parsing
 
 
-def parse_body(raw: bytes, model: type[_Request]) -> Any:
+def parse_body(
+    raw: bytes,
+    model: type[_Request],
+    precheck: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
     """Bytes of a request body -> a validated ``model`` instance.
 
+    ``precheck`` sees the parsed object before any validation: a check there refuses a body
+    without the cost of validating (or rendering) its fields.
+
     Raises:
-        ApiError: 400 for malformed JSON, a non-object body, or any invalid field.
+        ApiError: 400 for malformed JSON, a non-object body, or any invalid field, and what
+            ``precheck`` raises.
     """
     try:
         # Strict UTF-8: json.loads(bytes) would decode with "surrogatepass", letting CESU-8
@@ -250,6 +258,8 @@ def parse_body(raw: bytes, model: type[_Request]) -> Any:
             f"the request body must be a JSON object, got a JSON {_json_kind(data)}",
             code="invalid_json",
         )
+    if precheck is not None:
+        precheck(data)
     # "\ud800" escapes are valid JSON but not Unicode text: no tokenizer (nor UTF-8 encoder
     # of a response echoing them) accepts a lone surrogate. Only escapes can produce one once
     # the bytes decoded strictly, so bodies without a surrogate escape skip the walk.

@@ -20,14 +20,18 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 
 from .app import create_app
 from .http import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, guarded_protocol
-from .service import resolve_api_key
-from .worker import Batching
+from .service import Service, resolve_api_key
+from .worker import DEFAULT_SHUTDOWN_TIMEOUT_S, Batching
 
 if TYPE_CHECKING:
     from ..engine import SpeculativeEngine
 
 LISTEN_BACKLOG = 2048  # uvicorn's default
 KEEP_ALIVE_TIMEOUT_S = 5  # uvicorn's default: an idle keep-alive connection closes after it
+# Past the grace, running rows end at the engine's next round and their answers go out; a
+# connection still open this much later (a body still arriving, a client not reading its
+# stream) is cut, so the process exits within about grace + this + one round.
+SHUTDOWN_BACKSTOP_S = 2.0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -70,12 +74,14 @@ def serve(
     log_level: str = "info",
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     batching: Batching = "continuous",
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
 ) -> None:
     """Serve ``engine`` until interrupted (see ``create_app`` for the settings).
 
     Listens on ``sock`` if given (see ``bind``), else on ``host:port``. ``api_key`` None
     falls back to ``$FLASHSPEC_API_KEY``. A connection's request headers must arrive within
-    ``header_timeout_s`` (408 otherwise; see ``uvicorn_config``).
+    ``header_timeout_s`` (408 otherwise; see ``uvicorn_config``). On SIGTERM or Ctrl-C,
+    running generations get ``shutdown_timeout_s`` seconds to finish (see ``GracefulServer``).
     """
     app = create_app(
         engine,
@@ -87,9 +93,13 @@ def serve(
         batching=batching,
     )
     listener = sock if sock is not None else bind(host, port)
-    server = uvicorn.Server(
-        uvicorn_config(app, log_level=log_level, header_timeout_s=header_timeout_s)
+    config = uvicorn_config(
+        app,
+        log_level=log_level,
+        header_timeout_s=header_timeout_s,
+        shutdown_timeout_s=shutdown_timeout_s,
     )
+    server = GracefulServer(config, shutdown_timeout_s)
     try:
         server.run(sockets=[listener])
     finally:
@@ -102,12 +112,19 @@ def uvicorn_config(
     log_level: str = "info",
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
 ) -> uvicorn.Config:
-    """uvicorn's settings for the app: h11 with a header deadline, no WebSocket upgrades.
+    """uvicorn's settings for the app: h11 with a header deadline, no WebSocket upgrades, and
+    connections cut ``SHUTDOWN_BACKSTOP_S`` after a shutdown's grace of ``shutdown_timeout_s``.
 
     The HTTP protocol is always ``flashspec.serve.http``'s (h11), even where httptools is
     installed, so the limits hold whatever uvicorn would pick.
+
+    Raises:
+        ValueError: ``shutdown_timeout_s`` is negative (or a header limit is not positive).
     """
+    if not shutdown_timeout_s >= 0:
+        raise ValueError(f"shutdown_timeout_s must be >= 0 seconds, got {shutdown_timeout_s!r}")
     return uvicorn.Config(
         app,
         log_level=log_level,
@@ -115,7 +132,37 @@ def uvicorn_config(
         http=guarded_protocol(header_timeout_s, max_header_bytes),
         ws="none",
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+        timeout_graceful_shutdown=int(shutdown_timeout_s + SHUTDOWN_BACKSTOP_S + 0.999),
     )
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with a bounded shutdown for a flashspec app.
+
+    uvicorn's own shutdown stops listening and closes idle connections, then waits for every
+    running request: a queue of long generations would keep the process for as long as they
+    take. Here, as the shutdown begins, the app stops admitting generations and ends the queued
+    ones (503 ``shutting_down``); running ones get ``shutdown_timeout_s`` seconds to finish and
+    are then ended too (a 503, or an error event that ends a stream without ``[DONE]``).
+    ``uvicorn_config`` cuts what is left ``SHUTDOWN_BACKSTOP_S`` later.
+
+    Args:
+        config: from ``uvicorn_config``; its app, when a ``create_app`` one, is drained.
+        shutdown_timeout_s: the grace for running generations, in seconds.
+    """
+
+    def __init__(self, config: uvicorn.Config, shutdown_timeout_s: float) -> None:
+        super().__init__(config)
+        self.shutdown_timeout_s = shutdown_timeout_s
+        state = getattr(config.app, "state", None)
+        service = getattr(state, "service", None)
+        self.service = service if isinstance(service, Service) else None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Drain the app (see the class docstring), then shut down as uvicorn does."""
+        if self.service is not None:
+            self.service.begin_shutdown(self.shutdown_timeout_s)
+        await super().shutdown(sockets)
 
 
 class ServerThread:
@@ -132,12 +179,18 @@ class ServerThread:
         port: int = 0,
         *,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
+        config = uvicorn_config(
+            app,
+            log_level="warning",
+            header_timeout_s=header_timeout_s,
+            shutdown_timeout_s=shutdown_timeout_s,
+        )
         self._socket = bind(host, port)
         self.host = host
         self.port: int = self._socket.getsockname()[1]
-        config = uvicorn_config(app, log_level="warning", header_timeout_s=header_timeout_s)
-        self._server = uvicorn.Server(config)
+        self._server = GracefulServer(config, shutdown_timeout_s)
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [self._socket]},
@@ -165,7 +218,8 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Ask uvicorn to exit (the lifespan stops the worker) and wait for the thread."""
+        """Shut down as on SIGTERM (see ``GracefulServer``) and wait for the thread at most
+        ``timeout`` seconds."""
         self._server.should_exit = True
         self._thread.join(timeout)
         self._socket.close()

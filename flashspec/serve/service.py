@@ -12,8 +12,8 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -34,6 +34,12 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 NORMALIZED_TEXT_SLACK = 4
 # The chat default when the target declares no context limit.
 UNBOUNDED_DEFAULT_MAX_TOKENS = 4096
+# Bodies up to this size are parsed and tokenized on a thread of their own: however many large
+# bodies wait for the other thread (each may take a second), a small request never queues
+# behind them.
+SMALL_BODY_BYTES = 64 * 1024
+
+T = TypeVar("T")
 
 
 def resolve_api_key(api_key: str | None) -> str | None:
@@ -165,16 +171,21 @@ class Service:
         self.max_context: int | None = engine.target.max_context
         self.vocab_size: int = engine.target.vocab_size
         self.max_prompt_chars = prompt_char_limit(self.tokenizer, self.max_context)
-        # One thread parses and tokenizes every request, so big bodies never stall the event
-        # loop (HF tokenizers release the GIL while encoding) and no two requests encode at
-        # once.
+        self.bos: int | None = _bos_id(engine)
+        # Threads, not the event loop, parse and tokenize requests, so big bodies never stall
+        # it (HF tokenizers release the GIL while encoding): one for small bodies, one for the
+        # rest (SMALL_BODY_BYTES), so at most two requests encode at once.
         self.preparer = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="flashspec-prepare"
+        )
+        self.bulk_preparer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="flashspec-prepare-bulk"
         )
         self.created = int(time.time())
         self.worker = EngineWorker(
             engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics, batching=batching
         )
+        self.shutting_down = False
 
     # -- the HTTP request ------------------------------------------------------------------
 
@@ -185,6 +196,52 @@ class Service:
     async def read_body(self, request: Request) -> bytes:
         """The request body within this server's limits (see ``read_body``)."""
         return await read_body(request, self.max_body_bytes, self.body_timeout_s)
+
+    async def prepare(self, work: Callable[[Service, bytes], T], raw: bytes, arrived: float) -> T:
+        """``work(self, raw)`` on a preparing thread, within the request's ``timeout_s``.
+
+        Raises:
+            ApiError: 504 when the request's time ran out first (queued behind other bodies);
+                a request still waiting for the thread is dropped from its queue.
+        """
+        executor = self.preparer if len(raw) <= SMALL_BODY_BYTES else self.bulk_preparer
+        left = arrived + self.timeout_s - time.perf_counter()
+        future = asyncio.get_running_loop().run_in_executor(executor, work, self, raw)
+        try:
+            return await asyncio.wait_for(future, max(left, 0.0))
+        except TimeoutError:
+            raise ApiError(
+                504,
+                f"the request's time ran out (the server's timeout of {self.timeout_s:g} s, "
+                "from the end of its headers) before its body was parsed and tokenized, "
+                "behind other requests' bodies; retry later or send a smaller body",
+                type="timeout_error",
+                code="timeout",
+            ) from None
+
+    def shut_down_preparers(self) -> None:
+        """Stop the preparing threads; requests still waiting for one are dropped."""
+        for executor in (self.preparer, self.bulk_preparer):
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- shutting down ---------------------------------------------------------------------
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Stop admitting generations and end the queued ones now (503 ``shutting_down``); end
+        the running ones ``grace_s`` seconds from now, unless they finish first.
+
+        Runs on the event loop (the server calls it as its shutdown starts); once is enough.
+        """
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self.worker.drain()
+        asyncio.get_running_loop().call_later(max(grace_s, 0.0), self.worker.end)
+
+    def check_admitting(self) -> None:
+        """503 ``shutting_down`` once the server's shutdown has begun."""
+        if self.shutting_down:
+            raise shutting_down()
 
     # -- the request's fields --------------------------------------------------------------
 
@@ -203,12 +260,17 @@ class Service:
         """Token ids of ``text`` (as the engine encodes prompts when ``special``)."""
         return [int(t) for t in self.tokenizer(text, add_special_tokens=special)["input_ids"]]
 
-    def check_chars(self, length: int, param: str) -> None:
-        """400 for text too long to fit in the context, refused before tokenizing it."""
+    def check_chars(self, length: int, param: str, subject: str | None = None) -> None:
+        """400 for text too long to fit in the context, refused before tokenizing it.
+
+        ``subject`` names the text in the message (default: the prompt, or the messages'
+        content).
+        """
         limit = self.max_prompt_chars
         if limit is None or length <= limit:
             return
-        subject = "prompt" if param == "prompt" else "conversation (messages' content)"
+        if subject is None:
+            subject = "prompt" if param == "prompt" else "conversation (messages' content)"
         raise invalid(
             f"the {subject} has {length} characters; no text of more than {limit} characters "
             f"fits in this model's context of {self.max_context} tokens, so it is refused "
@@ -216,6 +278,24 @@ class Service:
             param=param,
             code="context_length_exceeded",
         )
+
+    def start_token(self, ids: list[int], param: str, name: str | None = None) -> list[int]:
+        """``ids``, or for an empty prompt the BOS token the engine starts it from, so that
+        ``prompt_tokens`` counts the token that runs. ``name``: the prompt in the message
+        (default ``param``).
+
+        Raises:
+            ApiError: 400 for an empty prompt of a model that defines no BOS token.
+        """
+        if ids:
+            return ids
+        if self.bos is None:
+            raise invalid(
+                f"{name or param} is empty and this model defines no BOS token to start from; "
+                "send at least one token",
+                param=param,
+            )
+        return [self.bos]
 
     def check_ids(self, ids: list[int], param: str) -> None:
         """400 for token ids outside the target's vocabulary."""
@@ -267,7 +347,11 @@ class Service:
         base = self.engine.config.sampling
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         top_p = 1.0 if request.top_p is None else float(request.top_p)
-        top_k = 0 if request.top_k is None else request.top_k
+        # Keeping the k most likely of fewer than k tokens keeps them all, as 0 does (the
+        # engine's warper skips such a k): the same group then batches them together.
+        top_k = request.top_k or 0
+        if top_k >= self.vocab_size:
+            top_k = 0
         if temperature == 0:
             sampling = dataclasses.replace(
                 base, temperature=0.0, top_p=1.0, top_k=0, method="auto", seed=None
@@ -282,3 +366,21 @@ class Service:
         if request.seed is not None:
             group = (*group, "seed", request.seed, uuid.uuid4().hex)
         return sampling, request.seed, group
+
+
+def shutting_down() -> ApiError:
+    """503 for a request the server will not run because it is shutting down."""
+    return ApiError(
+        503,
+        "the server is shutting down; send the request again (to another server, or once "
+        "this one is back)",
+        type="server_error",
+        code="shutting_down",
+    )
+
+
+def _bos_id(engine: SpeculativeEngine) -> int | None:
+    """The token an empty prompt starts from (the engine's own choice), None without one."""
+    from ..engine.inputs import bos_id
+
+    return bos_id(engine.target)

@@ -26,6 +26,8 @@ logger = logging.getLogger("flashspec.server")
 
 Batching = Literal["continuous", "static"]
 BATCHING_MODES: tuple[Batching, ...] = get_args(Batching)
+# How long running jobs may go on once the server's shutdown begins (``drain`` to ``end``).
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 
 # Rows one continuous stream takes in its lifetime, per ``max_batch`` row. The engine keeps
 # every finished row's output until its stream ends, and reports the stream's draft counters
@@ -103,6 +105,10 @@ class QueueFull(Exception):
     """``EngineWorker.submit`` found no room for the jobs."""
 
 
+class ShuttingDown(Exception):
+    """``EngineWorker.submit`` takes no more jobs: the server is shutting down."""
+
+
 class EngineWorker:
     """The thread that owns the engine (see the module docstring).
 
@@ -139,6 +145,9 @@ class EngineWorker:
         self.batching: Batching = batching
         self._pending: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
+        # Draining: no new jobs, the queued ones ended; running rows go on (shutdown's grace).
+        self._draining = False
+        # Stopping: running rows end too, and the thread exits.
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._last_run_s = 1.0
@@ -152,35 +161,52 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._loop, name="flashspec-engine", daemon=True)
         self._thread.start()
 
+    def drain(self) -> None:
+        """Take no more jobs and end the queued ones (``cancelled``); running rows go on.
+
+        The first step of a graceful shutdown: ``end`` or ``stop`` follows.
+        """
+        with self._wake:
+            self._draining = True
+            dropped = self._take_pending()
+        self._end_dropped(dropped)
+
+    def end(self) -> None:
+        """Cancel every job: queued ones now, running rows before the engine's next round; the
+        thread exits once its batch has. Returns at once (``stop`` waits)."""
+        with self._wake:
+            self._draining = self._stopping = True
+            dropped = self._take_pending()
+            self._wake.notify_all()
+        self._end_dropped(dropped)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel every job, finish the thread, and wait for it at most ``timeout`` seconds."""
-        with self._wake:
-            self._stopping = True
-            dropped = list(self._pending)
-            self._pending.clear()
-            for job in dropped:
-                job.queued = False
-            self._set_depth()
-            self._wake.notify_all()
-        for job in dropped:
-            self._count_cancel("shutdown", "queued")
-            job.deliver(Event(finish_reason="cancelled"))
+        self.end()
         if self._thread is not None:
             self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        """The worker thread is running."""
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        """The worker thread is running and takes jobs."""
+        return (
+            self._thread is not None
+            and self._thread.is_alive()
+            and not self._stopping
+            and not self._draining
+        )
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Queue ``jobs`` (all or none: one request's prompts are never split by a full queue).
 
         Raises:
-            QueueFull: fewer than ``len(jobs)`` places are free, or the worker is stopping.
+            ShuttingDown: the worker takes no more jobs (``drain``, ``end``).
+            QueueFull: fewer than ``len(jobs)`` places are free.
         """
         with self._wake:
-            if self._stopping or len(self._pending) + len(jobs) > self.max_queue:
+            if self._draining or self._stopping:
+                raise ShuttingDown
+            if len(self._pending) + len(jobs) > self.max_queue:
                 raise QueueFull
             for job in jobs:
                 job.queued = True
@@ -366,19 +392,39 @@ class EngineWorker:
     def _requeue(self, jobs: list[Job]) -> None:
         """Put jobs taken for a join back at the queue's head, in their order.
 
-        They were in the queue a moment ago, so they go back even past ``max_queue``.
+        They were in the queue a moment ago, so they go back even past ``max_queue``; during
+        a shutdown they end instead, as the queue's other jobs did.
         """
+        ended: list[Job] = []
         with self._wake:
             for job in reversed(jobs):
-                if job.cancel_reason is not None or self._stopping:
-                    self._count_cancel(job.cancel_reason or "shutdown", "queued")
-                    continue
-                job.queued = True
-                self._pending.appendleft(job)
+                if job.cancel_reason is not None:
+                    self._count_cancel(job.cancel_reason, "queued")
+                elif self._draining or self._stopping:
+                    ended.append(job)
+                else:
+                    job.queued = True
+                    self._pending.appendleft(job)
             self._set_depth()
             self._wake.notify()
+        self._end_dropped(ended[::-1])
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _take_pending(self) -> list[Job]:
+        """Empty the queue (holding ``_wake``); the jobs it held."""
+        dropped = list(self._pending)
+        self._pending.clear()
+        for job in dropped:
+            job.queued = False
+        self._set_depth()
+        return dropped
+
+    def _end_dropped(self, dropped: list[Job]) -> None:
+        """Tell jobs taken from the queue by a shutdown that they end (outside ``_wake``)."""
+        for job in dropped:
+            self._count_cancel("shutdown", "queued")
+            job.deliver(Event(finish_reason="cancelled"))
 
     def _set_depth(self) -> None:
         self.metrics.set("queue_depth", len(self._pending))
