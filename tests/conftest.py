@@ -22,12 +22,13 @@ CHARS = string.ascii_lowercase + string.digits + " .,:;()[]=+-*/_'\"\n"
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, matching LlamaConfig's bos=1, eos=2
 
 
-def build_char_tokenizer() -> Any:
-    """A character-level PreTrainedTokenizerFast over CHARS (58 tokens), built in memory."""
+def build_char_tokenizer(extra: str = "") -> Any:
+    """A character-level PreTrainedTokenizerFast over CHARS (58 tokens) and the ``extra``
+    characters after them (ids 58...), built in memory."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(SPECIALS + list(CHARS))}
+    vocab = {token: i for i, token in enumerate(SPECIALS + list(CHARS + extra))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import json
-import string
 from functools import cache
 from typing import Any
 
 import pytest
 import torch
-from conftest import build_llama, perturbed_copy
+from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
 pytest.importorskip("llguidance")
 
@@ -27,8 +26,7 @@ from flashspec.grammar import Grammar, GrammarError
 from flashspec.grammar.spec import MAX_DEPTH
 from flashspec.grammar.tokens import ll_tokenizer
 
-CHARS = string.ascii_lowercase + string.digits + ' .,:;()[]{}=+-*/_"\n'
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+VOCAB = 60  # the character tokenizer's 58 tokens and the braces
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -44,23 +42,13 @@ PROMPTS = ["name: ", "{", "the answer is 42 and then some more words"]
 
 @cache
 def tokenizer() -> Any:
-    """A character tokenizer that has braces (the shared one has none), built in memory."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(SPECIALS + list(CHARS))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>",
-    )  # fmt: skip
+    """The shared character tokenizer with braces (which it lacks) after its 58 tokens."""
+    return build_char_tokenizer(extra="{}")
 
 
 @cache
 def models() -> tuple[Any, Any]:
-    target = build_llama(31, vocab_size=len(SPECIALS) + len(CHARS), layers=2, init_range=0.3)
+    target = build_llama(31, vocab_size=VOCAB, layers=2, init_range=0.3)
     return target, perturbed_copy(target, noise=0.02, seed=5)
 
 

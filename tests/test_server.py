@@ -276,13 +276,25 @@ BAD_COMPLETIONS: list[tuple[bytes | dict[str, Any], int, str | None]] = [
     ({"prompt": "x", "stream": "yes"}, 400, "stream"),
     ({"prompt": "x", "stop": ""}, 400, "stop"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
+    ({"prompt": "x", "n": 17}, 400, "n"),
+    ({"prompt": "x", "n": True}, 400, "n"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
-    ({"prompt": "x", "logprobs": 1}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "x", "echo": True}, 400, "echo"),
     ({"prompt": "x", "suffix": "end"}, 400, "suffix"),
-    ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
-    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "logit_bias": {"5": 1000}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "1"}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}}, 400, "logit_bias"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, 400, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    (b'{"prompt": "x", "presence_penalty": NaN}', 400, None),
+    ({"prompt": "x", "regex": "["}, 400, "regex"),
+    ({"prompt": "x", "regex": "a", "grammar": "start: x"}, 400, "grammar"),
     ({"prompt": "x", "max_token": 5}, 400, "max_token"),
     ({"prompt": "x", "stream_options": {"include_usage": 1}}, 400, "stream_options.include_usage"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
@@ -297,6 +309,10 @@ def test_bad_completion_requests(
     assert got == status, answer  # a 4xx: never a 500 from user input
     assert_error(answer, got, param)
 
+
+DEEP_SCHEMA: dict[str, Any] = {"type": "string"}
+for _ in range(40):
+    DEEP_SCHEMA = {"type": "array", "items": DEEP_SCHEMA}
 
 BAD_CHATS: list[tuple[dict[str, Any], int, str | None]] = [
     ({}, 400, "messages"),
@@ -313,11 +329,30 @@ BAD_CHATS: list[tuple[dict[str, Any], int, str | None]] = [
         400,
         "tools",
     ),
-    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}},
+        400,
+        "response_format",
+    ),
     (
         {
             "messages": [{"role": "user", "content": "hi"}],
-            "response_format": {"type": "json_object"},
+            "response_format": {"type": "json_schema", "json_schema": {"schema": [1]}},
+        },
+        400,
+        "response_format",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP_SCHEMA}},
         },
         400,
         "response_format",

@@ -98,9 +98,10 @@ COMMON: dict[str, st.SearchStrategy[Any]] = {
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "seed": st.integers(0, 2**63 - 1),
-    "n": st.just(1),
-    "logprobs": st.just(False),
-    "presence_penalty": st.sampled_from([0, 0.0]),
+    "n": st.integers(1, 2),
+    "presence_penalty": st.floats(-2.0, 2.0),
+    "frequency_penalty": st.sampled_from([0, 0.0, 0.5, -2]),
+    "logit_bias": st.dictionaries(st.integers(0, 50).map(str), st.floats(-100, 100), max_size=3),
     "user": clean_json,
     "metadata": clean_json,
 }
@@ -109,6 +110,7 @@ COMPLETION: dict[str, st.SearchStrategy[Any]] = {
     "echo": st.just(False),
     "suffix": st.just(""),
     "best_of": st.just(1),
+    "logprobs": st.one_of(st.none(), st.integers(0, 5)),
 }
 prompt = st.one_of(
     prompt_text,
@@ -130,6 +132,7 @@ CHAT: dict[str, st.SearchStrategy[Any]] = {
     "tools": st.just([]),
     "tool_choice": st.just("none"),
     "response_format": st.just({"type": "text"}),
+    "logprobs": st.booleans(),
 }
 # Names of fields the API does not have, to put anything in.
 odd_names = st.one_of(st.sampled_from(["max_token", "", "prompt ", "\ud800"]), text)

@@ -51,6 +51,12 @@ def prepare(service: Service, request: ChatRequest) -> Prepared:
         )
     max_tokens = service.max_tokens_for(len(ids), requested, None, "messages")
     sampling, seed, group = service.sampling_for(request)
+    grammar = service.grammar_for(request)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise invalid(
+            "top_logprobs needs logprobs: true; send both, or leave top_logprobs out",
+            param="top_logprobs",
+        )
     return Prepared(
         prompts=[ids],
         stops=[stops],
@@ -60,6 +66,9 @@ def prepare(service: Service, request: ChatRequest) -> Prepared:
         group=group,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        n=request.n or 1,
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        grammar=grammar,
     )
 
 

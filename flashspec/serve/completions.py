@@ -21,10 +21,11 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
     service.check_model(request.model)
     stops = stop_strings(request.stop)
     items = prompt_items(request.prompt)
-    if len(items) > service.worker.max_queue:
+    n = request.n or 1
+    if len(items) * n > service.worker.max_queue:
         raise invalid(
-            f"prompt holds {len(items)} prompts but this server queues at most "
-            f"{service.worker.max_queue}; send fewer per request",
+            f"prompt holds {len(items)} prompts, {len(items) * n} choices with n={n}, but "
+            f"this server queues at most {service.worker.max_queue}; send fewer per request",
             param="prompt",
         )
     # Every check that needs no tokenizer first: a request refused anyway costs no
@@ -49,6 +50,7 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
         for ids in prompts
     ]
     sampling, seed, group = service.sampling_for(request)
+    grammar = service.grammar_for(request)
     return Prepared(
         prompts=prompts,
         stops=[stops] * len(prompts),
@@ -58,6 +60,9 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
         group=group,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        n=request.n or 1,
+        logprobs=request.logprobs,
+        grammar=grammar,
     )
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from ..grammar import Grammar
+from .logprobs import TokenInfo
 from .protocol import ApiError
 from .service import shutting_down
 from .stops import StopTrimmer as StopTrimmer
@@ -41,6 +43,13 @@ class Prepared:
     group: Hashable
     stream: bool
     include_usage: bool
+    n: int = 1  # choices per prompt: choice i * n + j is prompt i's j-th
+    logprobs: int | None = None  # report logprobs with this many alternatives
+    grammar: Grammar | None = None  # the structure every choice's text must follow
+
+    def __post_init__(self) -> None:
+        # A batch's rows share one logprobs setting and one grammar.
+        self.group = (self.group, self.logprobs, self.grammar)
 
 
 @dataclass
@@ -53,6 +62,7 @@ class Choice:
     tokens: int = 0
     finish_reason: str | None = None
     done: bool = False
+    logprobs: list[TokenInfo] | None = None  # one per token, when the request asked
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,7 @@ class Delta:
     index: int
     text: str
     finish_reason: str | None
+    logprobs: list[TokenInfo] | None = None  # the tokens' since the last delta, if asked
 
 
 class Generation:
@@ -98,11 +109,18 @@ class Generation:
                     seed=prepared.seed,
                     group=prepared.group,
                     deliver=deliverer(i),
+                    logprobs=prepared.logprobs,
+                    grammar=prepared.grammar,
                 ),
                 trimmer=StopTrimmer(stops),
+                logprobs=None if prepared.logprobs is None else [],
             )
             for i, (ids, stops, max_tokens) in enumerate(
-                zip(prepared.prompts, prepared.stops, prepared.max_tokens, strict=True)
+                (ids, stops, max_tokens)
+                for ids, stops, max_tokens in zip(
+                    prepared.prompts, prepared.stops, prepared.max_tokens, strict=True
+                )
+                for _ in range(prepared.n)
             )
         ]
         worker = service.worker
@@ -134,7 +152,7 @@ class Generation:
                 self.service.worker.cancel(choice.job, reason)
 
     def usage(self) -> dict[str, int]:
-        """OpenAI's usage object."""
+        """OpenAI's usage object (a prompt counts once whatever its ``n``)."""
         prompt = sum(len(ids) for ids in self.prepared.prompts)
         completion = sum(choice.tokens for choice in self.choices)
         return {
@@ -178,6 +196,8 @@ class Generation:
         text = choice.trimmer.feed(event.text, event.finish_reason)
         choice.text += text
         choice.tokens += event.tokens
+        if choice.logprobs is not None and event.logprobs:
+            choice.logprobs += event.logprobs
         if event.finish_reason is not None:
             choice.done = True
             choice.finish_reason = FINISH_REASONS.get(event.finish_reason, "stop")
@@ -250,8 +270,8 @@ class Generation:
                 if first and text:
                     first = False
                     self.observe_first_token()
-                if text or choice.done:
-                    yield Delta(index, text, choice.finish_reason)
+                if text or choice.done or event.logprobs:
+                    yield Delta(index, text, choice.finish_reason, event.logprobs)
         finally:
             # Runs when the client disconnects too: Starlette cancels the stream reading this.
             self.cancel(reason)

@@ -6,6 +6,7 @@ Every problem with a request becomes an ``ApiError``: a 4xx in OpenAI's error sh
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
@@ -21,13 +22,15 @@ from pydantic import (
 )
 from pydantic import ValidationError as PydanticValidationError
 
+from ..grammar import Grammar, GrammarError
+
 # The error shape is ``{"error": {"message", "type", "param", "code"}}``, always with a 4xx
 # status. Fields are checked strictly (no "5" for 5, no true for 1):
 # - unknown fields are refused (400 naming the field), as OpenAI does, so a typo such as
 #   ``max_token`` is not silently ignored;
-# - fields of the OpenAI API that would change the output in ways the engine cannot honour
-#   (``n > 1``, ``logprobs``, ``echo``, ``logit_bias``, penalties, tools...) are refused with a
-#   400 naming the field, unless they carry their neutral value (``n: 1``, ``echo: false``);
+# - fields of the OpenAI API the engine cannot honour (``best_of`` above ``n``, ``echo``,
+#   ``suffix``, tools...) are refused with a 400 naming the field, unless they carry their
+#   neutral value (``echo: false``);
 # - harmless fields (``user``, ``metadata``, ``store``, ``service_tier``,
 #   ``parallel_tool_calls``) are accepted and ignored.
 # Bodies must be UTF-8 JSON objects: invalid UTF-8 (CESU-8 included), nesting deeper than the
@@ -35,6 +38,12 @@ from pydantic import ValidationError as PydanticValidationError
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
+MAX_N = 16
+"""Choices per prompt at most (``n``)."""
+MAX_LOGIT_BIAS = 300
+"""Entries of ``logit_bias`` at most (OpenAI's bound)."""
+MAX_TOP_LOGPROBS = 20
+"""Alternatives per token at most (``top_logprobs``; ``logprobs`` of completions: 5)."""
 
 
 class ApiError(Exception):
@@ -108,13 +117,17 @@ class _Request(BaseModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
-
-    # Accepted only with their neutral value (see UNSUPPORTED).
-    n: Any = None
-    logprobs: Any = None
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
+    n: StrictInt | None = Field(None, ge=1, le=MAX_N)
+    presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    # Not in OpenAI's API: HF's repetition penalty (vLLM's field too).
+    repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=10.0, allow_inf_nan=False)
+    # Token id (as a string, OpenAI's form) -> bias in [-100, 100]; checked in logit_bias_of.
+    logit_bias: dict[str, Any] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    response_format: Any = None
+    # Not in OpenAI's API: the output must match this regular expression / Lark grammar.
+    regex: StrictStr | None = None
+    grammar: StrictStr | None = None
 
     # Harmless: accepted and ignored.
     user: Any = None
@@ -127,6 +140,8 @@ class CompletionRequest(_Request):
     """``POST /v1/completions``."""
 
     prompt: Any
+    # An integer: the token's logprob and this many alternatives (OpenAI allows 5; up to 20).
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Any = None
     echo: Any = None
     suffix: Any = None
@@ -150,12 +165,12 @@ class ChatRequest(_Request):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
-    top_logprobs: Any = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     parallel_tool_calls: Any = None
 
 
@@ -167,37 +182,19 @@ def _absent_or(*neutral: object) -> Callable[[object], bool]:
 
 # field -> (accepts the value?, why it is refused otherwise)
 UNSUPPORTED: dict[str, tuple[Callable[[object], bool], str]] = {
-    "n": (_absent_or(1), "only n=1 is supported; send one request per completion"),
-    "best_of": (_absent_or(1), "best_of is not supported; leave it out (or 1)"),
-    "logprobs": (
+    "best_of": (
+        _absent_or(1),
+        "best_of is not supported; leave it out (or 1), and use n for several choices",
+    ),
+    "echo": (
         _absent_or(False),
-        "logprobs are not supported by this server; leave the field out",
+        "echo (the prompt's own logprobs) is not supported; prepend the prompt yourself",
     ),
-    "top_logprobs": (_absent_or(0), "top_logprobs are not supported; leave the field out"),
-    "echo": (_absent_or(False), "echo is not supported; prepend the prompt yourself"),
     "suffix": (_absent_or(""), "suffix (insertion) is not supported; leave it out"),
-    "logit_bias": (
-        lambda v: v is None or v == {},
-        "logit_bias is not supported (it would change the target's distribution)",
-    ),
-    "presence_penalty": (
-        _absent_or(0, 0.0),
-        "presence_penalty is not supported (speculative decoding reproduces the target's "
-        "distribution exactly); leave it out or 0",
-    ),
-    "frequency_penalty": (
-        _absent_or(0, 0.0),
-        "frequency_penalty is not supported (speculative decoding reproduces the target's "
-        "distribution exactly); leave it out or 0",
-    ),
     "tools": (lambda v: v is None or v == [], "tools (function calling) are not supported"),
     "tool_choice": (_absent_or("none"), "tool_choice is not supported (no tools)"),
     "functions": (lambda v: v is None or v == [], "functions are not supported"),
     "function_call": (_absent_or("none"), "function_call is not supported"),
-    "response_format": (
-        lambda v: v is None or v == {"type": "text"},
-        'only response_format {"type": "text"} is supported (no JSON mode)',
-    ),
 }
 
 
@@ -469,3 +466,87 @@ def message_text(message: ChatMessage, index: int) -> str:
             parts.append(part["text"])
         return "".join(parts)
     raise invalid(f"{param} must be a string or a list of text parts", param=param)
+
+
+# ------------------------------------------------------------------- sampling and structure
+
+
+def logit_bias_of(request: _Request, vocab_size: int) -> dict[int, float] | None:
+    """``logit_bias`` as token id -> bias, checked.
+
+    Raises:
+        ApiError: 400 naming ``logit_bias`` for a key that is not a token id of this model or
+            a value that is not a number in [-100, 100].
+    """
+    bias = request.logit_bias
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not re.fullmatch(r"[0-9]{1,10}", key) or int(key) >= vocab_size:
+            raise invalid(
+                f"logit_bias: {key[:40]!r} is not a token id of this model (0 to "
+                f"{vocab_size - 1}, as a string)",
+                param="logit_bias",
+            )
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or not -100 <= value <= 100:
+            raise invalid(
+                f"logit_bias[{key}] must be a number in [-100, 100], got {str(value)[:40]}",
+                param="logit_bias",
+            )
+        out[int(key)] = float(value)
+    return out
+
+
+def grammar_of(request: _Request) -> Grammar | None:
+    """The output structure the request asks for: ``response_format`` (``json_object``,
+    ``json_schema``), or the ``regex`` / ``grammar`` (Lark) extra fields; None for text.
+
+    Raises:
+        ApiError: 400 naming the field for a malformed or hostile format (too large, too
+            deep), or for more than one of them.
+    """
+    asked = [
+        name
+        for name in ("response_format", "regex", "grammar")
+        if getattr(request, name) is not None
+        and not (name == "response_format" and request.response_format == {"type": "text"})
+    ]
+    if not asked:
+        return None
+    if len(asked) > 1:
+        raise invalid(f"give one of {', '.join(asked)}, not several", param=asked[1])
+    name = asked[0]
+    try:
+        if name == "regex":
+            return Grammar("regex", str(request.regex))
+        if name == "grammar":
+            return Grammar("lark", str(request.grammar))
+        return _response_format(request.response_format)
+    except GrammarError as exc:
+        raise invalid(f"{name}: {exc}", param=name) from None
+
+
+def _response_format(value: Any) -> Grammar:
+    """OpenAI's ``response_format`` -> a grammar (``text`` is handled by the caller)."""
+    kinds = ("text", "json_object", "json_schema")
+    if not isinstance(value, dict) or value.get("type") not in kinds:
+        raise GrammarError(
+            'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+            '"json_schema": {"name": ..., "schema": {...}}}'
+        )
+    if value["type"] == "json_object":
+        if set(value) != {"type"}:
+            raise GrammarError('{"type": "json_object"} takes no other field')
+        return Grammar("json_object")
+    spec = value.get("json_schema")
+    if set(value) != {"type", "json_schema"} or not isinstance(spec, dict):
+        raise GrammarError('{"type": "json_schema"} needs "json_schema": {"name", "schema"}')
+    unknown = set(spec) - {"name", "schema", "strict", "description"}
+    if unknown:
+        raise GrammarError(f"json_schema has unknown fields {sorted(unknown)}")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict | bool):
+        raise GrammarError("json_schema.schema must be a JSON schema object")
+    return Grammar.from_schema(schema)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .logprobs import TokenInfo, chat_logprobs, completion_logprobs
+
 if TYPE_CHECKING:
     from .generation import Choice, Delta
 
@@ -51,8 +53,14 @@ def completion(
     envelope: Envelope, choices: Sequence[Choice], usage: dict[str, int]
 ) -> dict[str, Any]:
     """A whole ``text_completion``."""
+    top = any(c.logprobs and c.logprobs[0].top for c in choices)
     rows = [
-        {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+        {
+            "index": i,
+            "text": c.text,
+            "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, top),
+            "finish_reason": c.finish_reason,
+        }
         for i, c in enumerate(choices)
     ]
     return {**envelope.wrap("text_completion", rows), "usage": usage}
@@ -60,10 +68,13 @@ def completion(
 
 def completion_chunk(envelope: Envelope, delta: Delta, include_usage: bool) -> dict[str, Any]:
     """One streamed piece of a ``text_completion`` (``usage`` null when usage comes last)."""
+    infos = delta.logprobs
     row = {
         "index": delta.index,
         "text": delta.text,
-        "logprobs": None,
+        "logprobs": None
+        if infos is None
+        else completion_logprobs(infos, bool(infos[:1] and infos[0].top)),
         "finish_reason": delta.finish_reason,
     }
     usage_field = {"usage": None} if include_usage else {}
@@ -86,7 +97,7 @@ def chat_completion(
         {
             "index": i,
             "message": {"role": "assistant", "content": c.text},
-            "logprobs": None,
+            "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
             "finish_reason": c.finish_reason,
         }
         for i, c in enumerate(choices)
@@ -100,8 +111,14 @@ def _chat_delta(
     delta: dict[str, str],
     finish_reason: str | None,
     include_usage: bool,
+    logprobs: Sequence[TokenInfo] | None = None,
 ) -> dict[str, Any]:
-    row = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    row = {
+        "index": index,
+        "delta": delta,
+        "logprobs": None if logprobs is None else chat_logprobs(logprobs),
+        "finish_reason": finish_reason,
+    }
     usage_field = {"usage": None} if include_usage else {}
     return {**envelope.wrap("chat.completion.chunk", [row]), **usage_field}
 
@@ -114,7 +131,9 @@ def chat_opening_chunk(envelope: Envelope, index: int, include_usage: bool) -> d
 def chat_chunk(envelope: Envelope, delta: Delta, include_usage: bool) -> dict[str, Any]:
     """One streamed piece of a ``chat.completion`` (an empty delta when only finishing)."""
     content = {"content": delta.text} if delta.text else {}
-    return _chat_delta(envelope, delta.index, content, delta.finish_reason, include_usage)
+    return _chat_delta(
+        envelope, delta.index, content, delta.finish_reason, include_usage, delta.logprobs
+    )
 
 
 def chat_usage_chunk(envelope: Envelope, usage: dict[str, int]) -> dict[str, Any]:

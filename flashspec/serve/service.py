@@ -17,8 +17,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
+from ..grammar import Grammar, GrammarError
+from ..grammar.masks import GrammarState
 from .metrics import Metrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, invalid
+from .protocol import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    grammar_of,
+    invalid,
+    logit_bias_of,
+)
 from .worker import Batching, EngineWorker
 
 if TYPE_CHECKING:
@@ -335,6 +344,31 @@ class Service:
             )
         return requested
 
+    def grammar_for(self, request: CompletionRequest | ChatRequest) -> Grammar | None:
+        """The request's output structure, compiled once here so that a grammar the engine
+        could not run is a 400 before the request queues.
+
+        Raises:
+            ApiError: 400 naming the field (malformed, too large or deep, does not compile,
+                or llguidance is not installed).
+        """
+        grammar = grammar_of(request)
+        if grammar is None:
+            return None
+        param = next(
+            name for name in ("response_format", "regex", "grammar") if getattr(request, name)
+        )
+        try:
+            GrammarState(
+                grammar,
+                self.tokenizer,
+                list(self.engine.target.eos_token_ids),
+                self.engine.target.vocab_size,
+            )
+        except (GrammarError, ImportError) as exc:
+            raise invalid(f"{param}: {exc}", param=param) from None
+        return grammar
+
     def sampling_for(
         self, request: CompletionRequest | ChatRequest
     ) -> tuple[SamplingConfig, int | None, Hashable]:
@@ -344,7 +378,20 @@ class Service:
         one group whatever their top_p/top_k, which cannot change an argmax. A sampled request
         with a seed gets a batch of its own, so the same seed gives the same output.
         """
-        base = self.engine.config.sampling
+        base = dataclasses.replace(
+            self.engine.config.sampling,
+            repetition_penalty=float(request.repetition_penalty or 1.0),
+            presence_penalty=float(request.presence_penalty or 0.0),
+            frequency_penalty=float(request.frequency_penalty or 0.0),
+            logit_bias=logit_bias_of(request, self.vocab_size),
+        )
+        # Rows of one batch share these settings: requests that differ run in other batches.
+        shared = (
+            base.repetition_penalty,
+            base.presence_penalty,
+            base.frequency_penalty,
+            tuple(sorted((base.logit_bias or {}).items())),
+        )
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         top_p = 1.0 if request.top_p is None else float(request.top_p)
         # Keeping the k most likely of fewer than k tokens keeps them all, as 0 does (the
@@ -356,13 +403,13 @@ class Service:
             sampling = dataclasses.replace(
                 base, temperature=0.0, top_p=1.0, top_k=0, method="auto", seed=None
             )
-            return sampling, None, ("greedy",)
+            return sampling, None, ("greedy", *shared)
         # A server built on a lossy "typical" engine stays lossy; otherwise sampling is exact.
         method: Method = "typical" if base.method == "typical" else "auto"
         sampling = dataclasses.replace(
             base, temperature=temperature, top_p=top_p, top_k=top_k, method=method, seed=None
         )
-        group: tuple[object, ...] = ("sample", temperature, top_p, top_k)
+        group: tuple[object, ...] = ("sample", temperature, top_p, top_k, *shared)
         if request.seed is not None:
             group = (*group, "seed", request.seed, uuid.uuid4().hex)
         return sampling, request.seed, group

@@ -16,11 +16,13 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
 
+from .logprobs import TokenInfo, describe
 from .metrics import Metrics
 
 if TYPE_CHECKING:
     from ..config import SamplingConfig
     from ..engine import SpeculativeEngine, TokenStream
+    from ..grammar import Grammar
 
 logger = logging.getLogger("flashspec.server")
 
@@ -67,6 +69,7 @@ class Event:
     tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[TokenInfo] | None = None  # the event's tokens', when the job asked
 
     @property
     def last(self) -> bool:
@@ -88,6 +91,8 @@ class Job:
         deliver: called from the worker thread with each ``Event``; must be thread-safe and
             must not block.
         cancel_reason: set by ``EngineWorker.cancel``; the worker drops the job's row.
+        logprobs: report each token's logprob and this many alternatives (None: none).
+        grammar: the structure the output must follow (None: free text).
     """
 
     prompt_ids: list[int]
@@ -99,6 +104,8 @@ class Job:
     deliver: Callable[[Event], None]
     cancel_reason: str | None = None
     queued: bool = field(default=False, repr=False)
+    logprobs: int | None = None
+    grammar: Grammar | None = None
 
 
 class QueueFull(Exception):
@@ -139,6 +146,7 @@ class EngineWorker:
                 f"batching must be one of {', '.join(map(repr, BATCHING_MODES))}, got {batching!r}"
             )
         self.engine = engine
+        self._tokenizer = getattr(engine, "tokenizer", None)
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics
@@ -280,6 +288,8 @@ class EngineWorker:
                 stop=[list(job.stop) or None for job in batch],
                 seed=head.seed,
                 sampling=head.sampling,
+                logprobs=head.logprobs,
+                grammar=head.grammar,
             )
         except Exception as exc:
             logger.exception("engine.stream refused a batch")
@@ -309,7 +319,12 @@ class EngineWorker:
                         self._count_cancel(owner.cancel_reason or "shutdown", "running")
                     else:
                         self._last_run_s = time.perf_counter() - started
-                owner.deliver(Event(chunk.text, len(chunk.token_ids), chunk.finish_reason))
+                infos = (
+                    None if chunk.logprobs is None else describe(self._tokenizer, chunk.logprobs)
+                )
+                owner.deliver(
+                    Event(chunk.text, len(chunk.token_ids), chunk.finish_reason, logprobs=infos)
+                )
                 self._drop_cancelled(run)
                 if run.joins_left > 0:
                     self._join_waiting(run)
