@@ -653,7 +653,7 @@ def run_chat(settings: ChatSettings, build: Callable[..., Any] | None = None) ->
             max_positions=getattr(methods.model.config, "max_position_embeddings", None),
             show_progress=settings.progress,
         )
-        data["lengths"]["engine"] = [arm.label for arm in default.arms]
+        data["lengths"]["engines"] = {"default": [arm.label for arm in default.arms]}
     return data
 
 

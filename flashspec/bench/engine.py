@@ -250,20 +250,29 @@ LENGTHS = (128, 512, 1024)
 def run_lengths(
     pair: Pair, prompts: list[Prompt], lengths: tuple[int, ...], settings: EngineSettings
 ) -> dict[str, Any]:
-    """The long-generation study (``bench.lengths``) with the engine a user gets for this pair
-    without configuring one: its draft and plain decoding, chosen every round."""
+    """The long-generation study (``bench.lengths``): the engine a user gets for this pair
+    without configuring one (its draft and plain decoding, chosen every round), and the draft
+    alone at the configured gamma (``fixed``, the demo pair's default before)."""
+    from ..config import FlashSpecConfig, SamplingConfig
     from ..drafters import ModelDrafter
     from ..engine import SpeculativeEngine
     from ..models import TargetModel
 
-    target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
-    drafter = ModelDrafter(pair.draft, name=pair.draft_name, tokenizer=pair.tokenizer)
-    engine = SpeculativeEngine.from_pretrained(target, [drafter])
+    def parts() -> tuple[TargetModel, ModelDrafter]:
+        target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
+        return target, ModelDrafter(pair.draft, name="draft", tokenizer=pair.tokenizer)
+
+    target, drafter = parts()
+    default = SpeculativeEngine.from_pretrained(target, [drafter])
+    target, drafter = parts()
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=settings.gamma))
+    engines = {"default": default, "fixed": SpeculativeEngine(config, [drafter], target)}
     # Prompts short enough that the longest generation fits the demo's context after them.
     encoded = [encode(pair, p.text, settings.max_prompt_tokens) for p in prompts]
-    engine.generate([encoded[0]], max_new_tokens=16, ignore_eos=True)  # warm-up, untimed
+    for engine in engines.values():
+        engine.generate([encoded[0]], max_new_tokens=16, ignore_eos=True)  # warm-up, untimed
     study = length_study(
-        engine,
+        engines,
         pair.target,
         encoded,
         lengths,
@@ -271,7 +280,7 @@ def run_lengths(
         max_positions=getattr(pair.target.config, "max_position_embeddings", None),
         show_progress=settings.progress,
     )
-    study["engine"] = [arm.label for arm in engine.arms]
+    study["engines"] = {name: [arm.label for arm in e.arms] for name, e in engines.items()}
     return study
 
 

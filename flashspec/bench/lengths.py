@@ -111,7 +111,7 @@ def _growth(binned: dict[str, float]) -> float | None:
 
 
 def length_study(
-    engine: Any,
+    engines: Any,
     model: Any,
     prompts: Sequence[list[int]],
     lengths: Sequence[int],
@@ -120,74 +120,84 @@ def length_study(
     max_positions: int | None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """The default ``engine`` against HF greedy on ``model`` (the engine's target), at each of
-    ``lengths`` new tokens on every prompt, interleaved (the order alternates per prompt).
+    """Engines against HF greedy on ``model`` (their target), at each of ``lengths`` new
+    tokens on every prompt, interleaved (the order rotates per prompt). ``engines``: one engine
+    (recorded as ``"default"``) or a dict of them by name.
 
     A length the model's context cannot hold after a prompt is cut to what it can
-    (``max_positions``); the record keeps the length run. Returns, per length, the speedup
-    (tokens/s over HF's, median over prompts and over the summed time), the engine's tokens
-    per round and arms, greedy identity; and, from the longest runs, the engine's median round
-    time and HF's median token time per bin of ``BIN`` context tokens, with their growth from
-    the first bin to the last.
+    (``max_positions``); the record keeps the length run. Returns, per engine and length, the
+    speedup (tokens/s over HF's, median over prompts and over the summed time), tokens per
+    round, greedy identity; and, from the longest runs, each engine's median round time and
+    HF's median token time per bin of ``BIN`` context tokens, with their growth from the
+    first bin to the last.
     """
+    named: dict[str, Any] = engines if isinstance(engines, dict) else {"default": engines}
     records: list[dict[str, Any]] = []
-    rounds: list[tuple[int, float]] = []
+    rounds: dict[str, list[tuple[int, float]]] = {name: [] for name in named}
     tokens: list[tuple[int, float]] = []
     longest = max(lengths)
+    methods = ["hf", *named]
     jobs = [(p, n) for n in lengths for p in range(len(prompts))]
     for index, (p, n) in enumerate(progress(jobs, desc="lengths", disable=not show_progress)):
         ids = prompts[p]
         run_n = n if max_positions is None else max(1, min(n, max_positions - len(ids)))
-        order = ("hf", "fs") if index % 2 == 0 else ("fs", "hf")
+        order = methods[index % len(methods) :] + methods[: index % len(methods)]
         runs: dict[str, dict[str, Any]] = {}
         for method in order:
             runs[method] = (
                 _hf_run(model, ids, run_n, pad_id)
                 if method == "hf"
-                else _engine_run(engine, ids, run_n)
+                else _engine_run(named[method], ids, run_n)
             )
-        fs, hf = runs["fs"], runs["hf"]
+        hf = runs["hf"]
         if n == longest:
-            rounds += fs["round_times"]
             tokens += hf["token_times"]
-        speedup = (len(fs["tokens"]) / fs["seconds"]) / (len(hf["tokens"]) / hf["seconds"])
-        records.append(
-            {
-                "prompt": p,
-                "prompt_tokens": len(ids),
-                "length": n,
-                "new_tokens": len(fs["tokens"]),
-                "hf_seconds": round(hf["seconds"], 4),
-                "fs_seconds": round(fs["seconds"], 4),
-                "speedup": round(speedup, 4),
-                "tokens_per_round": round(len(fs["tokens"]) / max(fs["rounds"], 1), 4),
-                "arm_rounds": fs["arm_rounds"],
-                "identical": fs["tokens"] == hf["tokens"],
-            }
-        )
+        hf_tps = len(hf["tokens"]) / hf["seconds"]
+        for name in named:
+            fs = runs[name]
+            if n == longest:
+                rounds[name] += fs["round_times"]
+            records.append(
+                {
+                    "engine": name,
+                    "prompt": p,
+                    "prompt_tokens": len(ids),
+                    "length": n,
+                    "new_tokens": len(fs["tokens"]),
+                    "hf_seconds": round(hf["seconds"], 4),
+                    "fs_seconds": round(fs["seconds"], 4),
+                    "speedup": round(len(fs["tokens"]) / fs["seconds"] / hf_tps, 4),
+                    "tokens_per_round": round(len(fs["tokens"]) / max(fs["rounds"], 1), 4),
+                    "arm_rounds": fs["arm_rounds"],
+                    "identical": fs["tokens"] == hf["tokens"],
+                }
+            )
     summary: dict[str, Any] = {}
-    for n in lengths:
-        group = [r for r in records if r["length"] == n]
-        hf_tps = sum(r["new_tokens"] for r in group) / sum(r["hf_seconds"] for r in group)
-        fs_tps = sum(r["new_tokens"] for r in group) / sum(r["fs_seconds"] for r in group)
-        summary[str(n)] = {
-            "new_tokens_median": statistics.median(r["new_tokens"] for r in group),
-            "speedup_median": round(statistics.median(r["speedup"] for r in group), 4),
-            "speedup_total": round(fs_tps / hf_tps, 4),
-            "tokens_per_round_median": round(
-                statistics.median(r["tokens_per_round"] for r in group), 4
-            ),
-            "identical": sum(r["identical"] for r in group),
-            "prompts": len(group),
-        }
-    round_ms, token_ms = _binned(rounds), _binned(tokens)
+    for name in named:
+        summary[name] = {}
+        for n in lengths:
+            group = [r for r in records if r["length"] == n and r["engine"] == name]
+            hf_s = sum(r["hf_seconds"] for r in group)
+            fs_s = sum(r["fs_seconds"] for r in group)
+            summary[name][str(n)] = {
+                "new_tokens_median": statistics.median(r["new_tokens"] for r in group),
+                "speedup_median": round(statistics.median(r["speedup"] for r in group), 4),
+                "speedup_total": round(hf_s / fs_s, 4),
+                "tokens_per_round_median": round(
+                    statistics.median(r["tokens_per_round"] for r in group), 4
+                ),
+                "identical": sum(r["identical"] for r in group),
+                "prompts": len(group),
+            }
+    token_ms = _binned(tokens)
+    round_ms = {name: _binned(samples) for name, samples in rounds.items()}
     return {
         "lengths": list(lengths),
         "bin_tokens": BIN,
         "summary": summary,
         "round_ms_by_context": round_ms,
         "hf_token_ms_by_context": token_ms,
-        "round_growth": _growth(round_ms),
+        "round_growth": {name: _growth(binned) for name, binned in round_ms.items()},
         "hf_token_growth": _growth(token_ms),
         "records": records,
     }
@@ -195,15 +205,16 @@ def length_study(
 
 def report_lengths(study: dict[str, Any]) -> str:
     """The study as a few lines of text (the command prints it)."""
-    lines = ["long generations (default engine vs HF greedy):"]
-    for n, s in study["summary"].items():
+    lines = ["long generations (against HF greedy):"]
+    for name, per_length in study["summary"].items():
+        for n, s in per_length.items():
+            lines.append(
+                f"  {name:>8} {n:>5} new tokens: {s['speedup_total']:.2f}x (median "
+                f"{s['speedup_median']:.2f}x), {s['tokens_per_round_median']:.2f} tokens/round, "
+                f"identical {s['identical']}/{s['prompts']}"
+            )
         lines.append(
-            f"  {n:>5} new tokens: {s['speedup_total']:.2f}x (median {s['speedup_median']:.2f}x"
-            f"), {s['tokens_per_round_median']:.2f} tokens/round, identical "
-            f"{s['identical']}/{s['prompts']}"
+            f"  {name:>8} round time, first to last {study['bin_tokens']}-token context bin: "
+            f"{study['round_growth'][name]}x (HF's token time: {study['hf_token_growth']}x)"
         )
-    lines.append(
-        f"  round time first->last {study['bin_tokens']}-token context bin: "
-        f"{study['round_growth']}x; HF token time: {study['hf_token_growth']}x"
-    )
     return "\n".join(lines)
