@@ -37,6 +37,8 @@ PAGES: dict[str, Path] = {
     "SMOLLM2-DRAFT": DOCS / "models.md",
     "QUANT-KERNEL": DOCS / "quantized.md",
     "SMOLLM2-QUANT": DOCS / "quantized.md",
+    "LENGTHS": DOCS / "adaptive.md",
+    "API-FIELDS": DOCS / "engine.md",
 }
 RESULTS = ROOT / "benchmarks" / "results"
 KERNEL_JSON = RESULTS / "kernel.json"
@@ -53,6 +55,8 @@ SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
 SMOLLM2_DRAFT_JSON = RESULTS / "smollm2-draft.json"
 QUANT_JSON = RESULTS / "quant.json"
 SMOLLM2_QUANT_JSON = RESULTS / "smollm2-quant.json"
+API_FIELDS_JSON = RESULTS / "api-fields.json"
+LENGTHS_JSONS = [RESULTS / "engine-lengths.json", RESULTS / "smollm2-lengths.json"]
 # flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
 BATCH_JSON = RESULTS / "batch.json"
 # flashspec bench compiled: the demo pair, then other targets (compiled-smollm2.json, ...).
@@ -998,6 +1002,64 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def api_fields_section(data: dict[str, Any]) -> str:
+    """``benchmarks/api_fields.py``: the default engine with each API field against HF
+    ``generate`` with the same processors."""
+    s = data["settings"]
+    lines = [
+        f"`python benchmarks/api_fields.py` ({_versions(data['machine'])}; the demo pair's "
+        f"default engine, {s['prompts']} HumanEval prompts, {s['max_new_tokens']} new tokens, "
+        "greedy; each mode on every prompt, engine and HF interleaved). Speedup: median of "
+        "per-prompt tokens/s ratios against HF `generate` with the same processors.",
+        "",
+    ]
+    rows = [["mode", "setting", "speedup", "of the plain speedup", "identical"]]
+    for mode, row in data["summary"].items():
+        rows.append([
+            mode, s["modes"].get(mode, "none"), f"{row['speedup_median']:.2f}x",
+            f"{row['over_plain_speedup']:.2f}", f"{row['identical']}/{row['prompts']}",
+        ])  # fmt: skip
+    return "\n".join([*lines, *_markdown(rows)])
+
+
+def lengths_section(runs: list[dict[str, Any]]) -> str:
+    """``flashspec bench engine --lengths``: engines against HF greedy as generations grow."""
+    lines: list[str] = []
+    for data in runs:
+        study = data["lengths"]
+        m = data["machine"]
+        target = data.get("pair", {}).get("target") or data.get("model", {}).get("target")
+        prompts = len({r["prompt"] for r in study["records"]})
+        lines += [
+            f"`{data['settings'].get('command', 'flashspec bench engine')}` ({_versions(m)}; "
+            f"target {Path(str(target)).name}; {prompts} "
+            "prompts; EOS ignored; every engine and HF greedy interleaved per prompt). Speedup: "
+            "total new tokens over total seconds against HF greedy's, and the median of "
+            "per-prompt ratios. Engines: "
+            + "; ".join(f"{k}: {', '.join(v)}" for k, v in study.get("engines", {}).items())
+            + ".",
+            "",
+        ]
+        rows = [["engine", "new tokens", "speedup", "median", "tokens/round", "identical"]]
+        for name, per_length in study["summary"].items():
+            for n, s in per_length.items():
+                rows.append([
+                    name, f"{n} (ran {s['new_tokens_median']:.0f})", f"{s['speedup_total']:.2f}x",
+                    f"{s['speedup_median']:.2f}x", f"{s['tokens_per_round_median']:.2f}",
+                    f"{s['identical']}/{s['prompts']}",
+                ])  # fmt: skip
+        lines += _markdown(rows)
+        growth = ", ".join(f"{k} {v}x" for k, v in study["round_growth"].items())
+        lines += [
+            "",
+            f"Time of a round from the first {study['bin_tokens']}-token context bin to the last "
+            f"(longest runs): {growth}; HF's time per token over the same span: "
+            f"{study['hf_token_growth']}x.",
+            "",
+        ]
+    return "\n".join(lines).strip()
+
+
 def _load(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -1052,6 +1114,11 @@ def sections() -> dict[str, str]:
         bodies["QUANT-KERNEL"] = quant_kernel_section(_load(QUANT_JSON))
     if SMOLLM2_QUANT_JSON.exists():
         bodies["SMOLLM2-QUANT"] = smollm2_quant_section(_load(SMOLLM2_QUANT_JSON))
+    if API_FIELDS_JSON.exists():
+        bodies["API-FIELDS"] = api_fields_section(_load(API_FIELDS_JSON))
+    lengths = [_load(path) for path in LENGTHS_JSONS if path.exists()]
+    if lengths:
+        bodies["LENGTHS"] = lengths_section(lengths)
     return bodies
 
 

@@ -1,0 +1,193 @@
+"""What the OpenAI API's fields cost under speculation: the demo pair's default engine against HF
+greedy ``generate`` with the same processors, with nothing on, with logprobs, with penalties,
+and with a grammar, on the same prompts in one interleaved run (``api-fields.json``).
+
+    python benchmarks/api_fields.py [--prompts 8] [--max-new-tokens 128]
+
+The target of issue #43: the speedup with logprobs or penalties on stays within 10% of the
+speedup without them. HF gets each processor as a ``LogitsProcessor`` (its own
+``repetition_penalty``; a reference for OpenAI's presence/frequency penalties; an llguidance
+mask for the grammar), so both sides do the same work per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList
+
+from flashspec import SamplingConfig, SpeculativeEngine
+from flashspec.bench.common import humaneval_prompts, machine_info, quiet_timing, write_json
+from flashspec.grammar import Grammar
+from flashspec.grammar.masks import GrammarState
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("plain", "logprobs", "repetition", "openai_penalties", "json_object")
+
+
+class Penalties:
+    """OpenAI's presence/frequency penalties over the generated tokens (HF's side)."""
+
+    def __init__(self, start: int, presence: float, frequency: float) -> None:
+        self.start, self.presence, self.frequency = start, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        counts = torch.bincount(input_ids[0, self.start :], minlength=scores.shape[-1])
+        return scores - self.presence * (counts > 0) - self.frequency * counts
+
+
+class Mask:
+    """A grammar's mask as an HF logits processor (one row)."""
+
+    def __init__(self, state: GrammarState, start: int) -> None:
+        state.add_rows([0])
+        self.state, self.matcher, self.start, self.seen = state, state.matchers[0], start, 0
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        new = input_ids[0, self.start :].tolist()
+        self.matcher.consume_tokens(new[self.seen :])
+        self.seen = len(new)
+        allowed = self.state.allowed(self.matcher)[: scores.shape[-1]]
+        return scores.masked_fill(~allowed, float("-inf"))
+
+
+def settings(mode: str) -> tuple[SamplingConfig, dict[str, Any]]:
+    """The engine's sampling and generate() extras for a mode."""
+    if mode == "repetition":
+        return SamplingConfig(repetition_penalty=1.2), {}
+    if mode == "openai_penalties":
+        return SamplingConfig(presence_penalty=0.5, frequency_penalty=0.3), {}
+    if mode == "logprobs":
+        return SamplingConfig(), {"logprobs": 5}
+    if mode == "json_object":
+        return SamplingConfig(), {"grammar": Grammar("json_object")}
+    return SamplingConfig(), {}
+
+
+def hf_run(engine: Any, ids: list[int], n: int, mode: str) -> tuple[list[int], float]:
+    model = engine.target.model
+    x = torch.tensor([ids])
+    kwargs: dict[str, Any] = {}
+    if mode == "repetition":
+        kwargs["repetition_penalty"] = 1.2
+    elif mode == "openai_penalties":
+        kwargs["logits_processor"] = LogitsProcessorList([Penalties(len(ids), 0.5, 0.3)])
+    elif mode == "logprobs":
+        kwargs.update(output_logits=True, return_dict_in_generate=True)
+    elif mode == "json_object":
+        eos = list(engine.target.eos_token_ids)
+        state = GrammarState(
+            Grammar("json_object"), engine.tokenizer, eos, engine.target.vocab_size
+        )
+        kwargs["logits_processor"] = LogitsProcessorList([Mask(state, len(ids))])
+    with quiet_timing(), torch.inference_mode():
+        start = time.perf_counter()
+        out = model.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+            temperature=None, top_p=None, top_k=None, pad_token_id=0,
+            eos_token_id=engine.target.eos_token_ids if mode == "json_object" else None,
+            **kwargs,
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+    if mode == "logprobs":
+        # What the engine reports: the log-softmax of every step's raw logits and the top 5.
+        for step in out.logits:
+            step.float().log_softmax(-1).topk(5)
+        seconds = time.perf_counter() - start
+        out = out.sequences
+    return [int(t) for t in out[0, len(ids) :]], seconds
+
+
+def fs_run(engine: Any, ids: list[int], n: int, mode: str) -> tuple[list[int], float]:
+    sampling, extra = settings(mode)
+    with quiet_timing():
+        start = time.perf_counter()
+        result = engine.generate(
+            [ids], max_new_tokens=n, ignore_eos=mode != "json_object", sampling=sampling,
+            **extra,
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+    return list(result.tokens[0]), seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=RESULTS / "api-fields.json")
+    args = parser.parse_args()
+    engine = SpeculativeEngine.from_pretrained()
+    tokenizer = engine.tokenizer
+    prompts = [tokenizer(p.text)["input_ids"][-128:] for p in humaneval_prompts(args.prompts)]
+    for mode in MODES:  # warm-up, untimed
+        hf_run(engine, prompts[0], 8, mode)
+        fs_run(engine, prompts[0], 8, mode)
+    records: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for index, ids in enumerate(prompts):
+        for offset in range(len(MODES)):
+            mode = MODES[(index + offset) % len(MODES)]
+            first, second = (hf_run, fs_run) if (index + offset) % 2 else (fs_run, hf_run)
+            a, a_s = first(engine, ids, args.max_new_tokens, mode)
+            b, b_s = second(engine, ids, args.max_new_tokens, mode)
+            (hf, hf_s), (fs, fs_s) = (
+                ((a, a_s), (b, b_s)) if first is hf_run else ((b, b_s), (a, a_s))
+            )
+            records.append(
+                {
+                    "prompt": index, "mode": mode, "hf_tokens": len(hf), "fs_tokens": len(fs),
+                    "hf_seconds": round(hf_s, 4), "fs_seconds": round(fs_s, 4),
+                    "speedup": round((len(fs) / fs_s) / (len(hf) / hf_s), 4),
+                    "identical": fs == hf,
+                }
+            )  # fmt: skip
+        print(f"prompt {index + 1}/{len(prompts)}", file=sys.stderr)
+    summary = {}
+    for mode in MODES:
+        group = [r for r in records if r["mode"] == mode]
+        summary[mode] = {
+            "speedup_median": round(statistics.median(r["speedup"] for r in group), 4),
+            "identical": sum(r["identical"] for r in group),
+            "prompts": len(group),
+        }
+    base = summary["plain"]["speedup_median"]
+    for mode in MODES:
+        summary[mode]["over_plain_speedup"] = round(summary[mode]["speedup_median"] / base, 4)
+    data = {
+        "kind": "api-fields",
+        "machine": machine_info(),
+        "settings": {
+            "prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "engine": [arm.label for arm in engine.arms],
+            "command": " ".join(sys.argv),
+            "modes": {
+                "repetition": "repetition_penalty 1.2",
+                "logprobs": "logprobs 5",
+                "openai_penalties": "presence 0.5, frequency 0.3",
+                "json_object": "response_format json_object (ends at EOS)",
+            },
+        },
+        "summary": summary,
+        "records": records,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
+    write_json(data, args.out)
+    for mode, row in summary.items():
+        print(
+            f"{mode:>17}: {row['speedup_median']:.2f}x HF with the same processors "
+            f"({row['over_plain_speedup']:.2f} of the plain speedup), identical "
+            f"{row['identical']}/{row['prompts']}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
