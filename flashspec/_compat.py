@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ._mamba1 import OWNED_CACHE
+from ._state import UnsupportedModelError
 
 
 def _triton_available() -> bool:
@@ -40,13 +41,18 @@ class ForwardSignature:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ForwardSignature:
+        """The signature of ``model.forward``.
+
+        Raises:
+            UnsupportedModelError: the forward takes no cache argument.
+        """
         params = inspect.signature(model.forward).parameters
         if "cache" in params:
             cache_arg = "cache"
         elif "past_key_values" in params:
             cache_arg = "past_key_values"
         else:
-            raise TypeError(
+            raise UnsupportedModelError(
                 f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`; "
                 "flashspec needs a causal LM with a KV cache"
             )

@@ -51,9 +51,34 @@ _ATTENTION_LAYERS = frozenset(
     {"DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer", "DummyLayer"}
 )
 
+# Attention models whose forward over several tokens after a cached state is not their own
+# one-token decoding as transformers ships them, found by tests/test_arch_sweep.py: by cache
+# layer kind, then by model type. Such a model cannot be a target; as a drafter it is fed one
+# token per forward after a cached state (``CacheSupport.chunked_exact`` False).
+_STEPWISE_LAYERS: dict[str, str] = {
+    # With index_topk 16 a tiny DeepSeek-V3.2 was 1.9 logits off from the first token past
+    # the budget; the selection's scores are ReLU sums that often tie at the cut.
+    "DynamicIndexedLayer": (
+        "its sparse-attention indexer keeps each token's top index_topk keys, and a forward "
+        "over several tokens picks other keys than one-token decoding once a sequence is "
+        "longer than that (tied scores are cut differently)"
+    ),
+}
+_STEPWISE_FAMILIES: dict[str, str] = {
+    # transformers' Moshi masks causally only and leaves the window to the sliding cache,
+    # which keeps the last sliding_window - 1 keys: a one-token step sees a window, a forward
+    # over several tokens sees more.
+    "moshi": (
+        "its sliding window comes only from the cache dropping old keys, so past the window a "
+        "forward over several tokens attends to more keys than one-token decoding does"
+    ),
+}
+
 
 class UnsupportedModelError(ValueError):
-    """A model whose cache flashspec cannot roll back exactly (raised when an engine is built)."""
+    """A model flashspec cannot run exactly: raised when an engine is built (a cache it cannot
+    roll back, or a family it cannot decode, ``flashspec._families``), or when a generation
+    asks a model for rows of different lengths that it cannot batch exactly."""
 
 
 @dataclass(frozen=True)
@@ -111,9 +136,20 @@ def check_support(model: torch.nn.Module, cache: Any, role: str) -> CacheSupport
                 f"{name} cannot be a {role}: its cache has {kind} layers, which flashspec "
                 f"cannot roll back exactly after a rejected draft. Supported: {_supported_list()}"
             )
-    if not stateful:
-        return CacheSupport(stateful=False, chunked_exact=True)
     model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+    if not stateful:
+        kinds = [type(layer).__name__ for layer in layers]
+        reason = next((_STEPWISE_LAYERS[k] for k in kinds if k in _STEPWISE_LAYERS), None)
+        reason = reason or _STEPWISE_FAMILIES.get(model_type)
+        if reason is None:
+            return CacheSupport(stateful=False, chunked_exact=True)
+        if role == "target":
+            raise UnsupportedModelError(
+                f"{name} (model_type {model_type!r}) cannot be a target: {reason}, so one "
+                "verify forward over the drafts cannot reproduce the model's own decoding. It "
+                "can be a drafter (fed one token per forward after its cache)"
+            )
+        return CacheSupport(stateful=False, chunked_exact=False)
     kind = type(stateful[0]).__name__
     if model_type not in _CHUNKED_EXACT:
         raise UnsupportedModelError(

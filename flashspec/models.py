@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ._compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache
+from ._families import check_family, padded_batch_refusal
 from ._layout import (
     RowLayout,
     append_rows,
@@ -150,7 +151,8 @@ class CausalLM:
 
     Raises:
         UnsupportedModelError: (a ValueError) the model's cache cannot be rolled back exactly
-            in ``role``; the message names the model class, the layer kind and what works.
+            in ``role``, or its family cannot be decoded exactly (``flashspec._families``); the
+            message names the model class and the reason.
 
     Attributes:
         model: the HuggingFace model (in eval mode).
@@ -160,8 +162,10 @@ class CausalLM:
         max_context: positions the model can attend over (``max_position_embeddings``), or None.
         window: why the model's attention is limited to a window of columns
             (``flashspec._layout.column_window``), or None.
+        padded_batches: why rows of different lengths (left padded) cannot share a batch
+            (``flashspec._families.padded_batch_refusal``), or None when they can.
         shiftable: whether rows of a batch can keep their own columns (ragged batches): a plain
-            attention cache, positions and a mask taken, and no ``window``.
+            attention cache, positions and a mask taken, no ``window``, and padded rows exact.
         cached: committed columns whose keys/values are in ``cache``.
         support: whether the cache holds recurrent/conv state, and whether a multi-token
             forward after a cached state is exact.
@@ -187,6 +191,7 @@ class CausalLM:
         make_lean(self.model)  # the same operations as transformers', without its call overhead
         self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
         self.tokenizer = tokenizer
+        check_family(self.model, role)
         self.signature = ForwardSignature.of(model)
         # Read once: HF config attribute access is slow enough to show up per round.
         self.vocab_size = _logit_width(model)
@@ -197,8 +202,11 @@ class CausalLM:
         # plain attention cache of a model that takes positions and a mask, and attends to
         # every earlier column (a window counts dead columns too).
         self.window = column_window(self.config)
+        self.padded_batches = padded_batch_refusal(model, self.signature.position_ids)
         self.shiftable = (
             not self.support.stateful
+            and self.support.chunked_exact
+            and self.padded_batches is None
             and shiftable(fresh)
             and self.window is None
             and self.signature.position_ids

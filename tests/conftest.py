@@ -78,8 +78,11 @@ def perturbed_copy(model: Any, noise: float, seed: int) -> Any:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in clone.parameters():
+            # A one-element parameter has no spread (its std is NaN, which would poison the
+            # copy); it gets the floor like a constant one.
+            spread = param.std() if param.numel() > 1 else param.new_zeros(())
             param.add_(
-                torch.randn(param.shape, generator=generator) * noise * param.std().clamp_min(1e-3)
+                torch.randn(param.shape, generator=generator) * noise * spread.clamp_min(1e-3)
             )
     return clone
 

@@ -15,100 +15,38 @@ from functools import cache
 from typing import Any
 
 import pytest
-import torch
-from conftest import perturbed_copy
+from arch_helpers import WINDOWED, mismatch, models, prompts, reference
 
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec._greedy import compare_greedy
 from flashspec._state import UnsupportedModelError
 from flashspec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 
-VOCAB = 64
-WINDOW = 8
-LENGTHS = (7, 23, 41)  # shorter than, about, and several times the window
+LENGTHS = (7, 23, 41)  # shorter than, about, and several times the window (8 columns)
 MAX_NEW = [40, 13, 29]
 
-
-_SLIDING = {"sliding_window": WINDOW}
-_MIXED = {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
-_EXPERTS = {"num_local_experts": 4, "num_experts_per_tok": 2}
-
-FAMILIES: dict[str, dict[str, Any]] = {
-    "gpt_neo": {},  # local layers by attention_types (see _config)
-    # Every layer sliding: a window and no layer_types in the config.
-    "mistral": _SLIDING,
-    "ministral": _SLIDING,
-    "mixtral": {**_SLIDING, **_EXPERTS},
-    "phi3": _SLIDING,
-    "starcoder2": _SLIDING,
-    "qwen2": {**_SLIDING, "use_sliding_window": True, "max_window_layers": 1},
-    # Sliding and full layers, by layer_types.
-    "gemma2": _MIXED,
-    "gemma3_text": _MIXED,
-    "cohere2": _MIXED,
-    "olmo3": _MIXED,
-    "exaone4": _MIXED,
-    "vaultgemma": _MIXED,
-    "granite_swa": _MIXED,
-    "cwm": _MIXED,
-    "gpt_oss": {**_MIXED, **_EXPERTS},
-    # Chunked attention: a window that restarts every attention_chunk_size positions.
-    "llama4_text": {
-        "attention_chunk_size": WINDOW,
-        "layer_types": ["chunked_attention", "full_attention"],
-    },
-}
-"""Windowed families by model type, with what makes them windowed in a tiny config."""
+FAMILIES: dict[str, dict[str, Any]] = WINDOWED
+"""Windowed families by model type, with what makes them windowed in a tiny config
+(``arch_helpers.WINDOWED``, which ``arch_helpers.tiny_config`` applies)."""
 
 
-def _config(family: str) -> Any:
-    """A tiny config of ``family`` whose windowed layers see fewer columns than the prompts."""
-    from transformers import AutoConfig, GPTNeoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if family == "gpt_neo":
-        return GPTNeoConfig(
-            vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-            attention_types=[[["global", "local"], 1]], window_size=WINDOW,
-            max_position_embeddings=128, initializer_range=0.3, bos_token_id=1, eos_token_id=2,
-        )  # fmt: skip
-    if family not in CONFIG_MAPPING:
-        pytest.skip(f"this transformers release does not ship {family}")
-    return AutoConfig.for_model(
-        family, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-        initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        **FAMILIES[family],
-    )  # fmt: skip
-
-
-@cache
 def _models(family: str) -> tuple[Any, Any, Any]:
     """(target, a 1%-noise copy that agrees often, a 30%-noise copy that rarely does)."""
-    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(_config(family)).eval()
-    return target, perturbed_copy(target, 0.01, seed=1), perturbed_copy(target, 0.3, seed=2)
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers release does not ship {family}")
+    return models(family)
 
 
 @cache
 def _prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in LENGTHS]
+    return prompts(LENGTHS)
 
 
 @cache
 def _reference(family: str, row: int) -> tuple[int, ...]:
     """The target's own greedy continuation of prompt ``row`` alone, EOS ignored."""
-    target = _models(family)[0]
-    prompt = _prompts()[row]
-    with torch.inference_mode():
-        out = target.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_NEW[row],
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-    return tuple(out[0, len(prompt) :].tolist())
+    return tuple(reference(_models(family)[0], _prompts()[row], MAX_NEW[row]))
 
 
 def _engine(family: str, config: FlashSpecConfig, drafters: list[Drafter]) -> SpeculativeEngine:
@@ -118,11 +56,8 @@ def _engine(family: str, config: FlashSpecConfig, drafters: list[Drafter]) -> Sp
 def _check(family: str, rows: list[int], tokens: list[list[int]]) -> None:
     target = _models(family)[0]
     for row, got in zip(rows, tokens, strict=True):
-        ref = list(_reference(family, row))
-        result = compare_greedy(target, _prompts()[row], got, ref)
-        assert result.status != "mismatch", (
-            f"{family} row {row} ({LENGTHS[row]} prompt tokens): {result}\ngot {got}\nref {ref}"
-        )
+        why = mismatch(target, _prompts()[row], got, _reference(family, row))
+        assert why is None, f"{family} row {row}: {why}"
 
 
 def _forced(gamma: int = 4) -> FlashSpecConfig:

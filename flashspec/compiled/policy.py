@@ -51,6 +51,10 @@ def obstacle(lm: CausalLM) -> str | None:
         return f"{lm.name} keeps recurrent state, which a static attention cache does not hold"
     if lm.window is not None:
         return f"{lm.name} attends through a window ({lm.window})"
+    if not lm.support.chunked_exact:
+        return f"{lm.name} reads one token per forward after its cache (flashspec._state)"
+    if lm.padded_batches is not None:
+        return f"{lm.name} cannot batch rows of different lengths ({lm.padded_batches})"
     if not lm.shiftable:
         return (
             f"{lm.name}'s cache is not plain attention with positions and a mask "

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._state import UnsupportedModelError
 from .._validate import is_int
 from ..compiled import CompileDecision, resolve_compile
 from ..config import FlashSpecConfig, SamplingConfig
@@ -316,6 +317,10 @@ class SpeculativeEngine:
 
         Generation also ends at the target's context limit (``max_position_embeddings``):
         the row is truncated there with finish reason ``"context_limit"``.
+
+        Raises:
+            UnsupportedModelError: rows of different lengths, and a model that cannot batch them
+                exactly (``padded_batches``).
         """
         stream = self.stream(
             prompt,
@@ -372,6 +377,8 @@ class SpeculativeEngine:
             logprobs,
             grammar,
         )
+        if generation.padding.any:
+            self._check_padded_batch()
         generation.shiftable = self.shiftable
         generation.ragged = generation.shiftable and self.config.batching == "ragged"
         return TokenStream(
@@ -650,6 +657,29 @@ class SpeculativeEngine:
         exact."""
         return self.target.shiftable and all(d.shiftable for d in self.drafters)
 
+    @property
+    def padded_batches(self) -> str | None:
+        """Why rows of different lengths cannot share a batch of this engine's models (the
+        first such model's reason, naming it), or None when they can."""
+        lms = [self.target, *(d.lm for d in self.drafters if d.lm is not None)]
+        for lm in lms:
+            if lm.padded_batches is not None:
+                return f"{lm.name}: {lm.padded_batches}"
+        return None
+
+    def _check_padded_batch(self) -> None:
+        """Refuse a generation whose rows differ in length when a model cannot batch them.
+
+        Raises:
+            UnsupportedModelError: naming the model, the reason and what to do instead.
+        """
+        reason = self.padded_batches
+        if reason is not None:
+            raise UnsupportedModelError(
+                f"rows of different lengths cannot share a batch here ({reason}); generate "
+                "them one at a time, or in batches of prompts of equal length"
+            )
+
     def _commit(self, gen: Generation) -> None:
         """Every cache keeps the committed tokens but the newest (which none has read yet)."""
         self.target.commit(gen.tokens, gen.padding)
@@ -679,8 +709,8 @@ class SpeculativeEngine:
             raise RuntimeError(
                 f"rows cannot join a running generation of {self.target.name!r}: a cache of "
                 "its target or drafters cannot move rows along the columns (sliding-window or "
-                "recurrent layers, or attention windowed otherwise); start a new generation for "
-                "the prompt instead"
+                "recurrent layers, attention windowed otherwise, or rows that cannot be padded); "
+                "start a new generation for the prompt instead"
             )
         if gen.finished:
             raise RuntimeError("the generation has ended; start a new one for this prompt")

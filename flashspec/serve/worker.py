@@ -265,8 +265,11 @@ class EngineWorker:
             head = self._pending.popleft()
             batch = [head]
             rest: list[Job] = []
+            # Models that cannot batch rows of different lengths take equal-length prompts only.
+            same_length = self.engine.padded_batches is not None
             for job in self._pending:
-                if len(batch) < self.max_batch and job.group == head.group:
+                fits = not same_length or len(job.prompt_ids) == len(head.prompt_ids)
+                if len(batch) < self.max_batch and job.group == head.group and fits:
                     batch.append(job)
                 else:
                     rest.append(job)
