@@ -1046,7 +1046,8 @@ def lengths_section(runs: list[dict[str, Any]]) -> str:
                 rows.append([
                     name, f"{n} (ran {s['new_tokens_median']:.0f})", f"{s['speedup_total']:.2f}x",
                     f"{s['speedup_median']:.2f}x", f"{s['tokens_per_round_median']:.2f}",
-                    f"{s['identical']}/{s['prompts']}",
+                    f"{s['identical']}/{s['prompts']}"
+                    + (f" ({s['ties']} at a float tie)" if s.get("ties") else ""),
                 ])  # fmt: skip
         lines += _markdown(rows)
         growth = ", ".join(f"{k} {v}x" for k, v in study["round_growth"].items())
