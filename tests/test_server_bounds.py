@@ -34,6 +34,7 @@ from server_helpers import (
 
 from flashspec.serve import StopTrimmer
 from flashspec.serve import chat as chat_module
+from flashspec.serve.protocol import CompletionRequest
 
 
 @pytest.fixture(scope="module")
@@ -340,10 +341,10 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token(tiny: Served, top_k: int)
     status, clamped = completion(tiny, {**body, "top_k": top_k})
     assert status == 200, clamped
     assert clamped["choices"][0]["text"] == plain["choices"][0]["text"]
-    sampling, _, group = tiny.app.state.service.sampling_for(
-        type("Req", (), {**dict.fromkeys(("temperature", "top_p", "seed")), "top_k": top_k})()
-    )
-    assert sampling.top_k == 0 and group == ("sample", 1.0, 1.0, 0)
+    request_ = CompletionRequest.model_validate({"prompt": "x", "top_k": top_k})
+    sampling, _, group = tiny.app.state.service.sampling_for(request_)
+    # (then the penalties and bias, equal too: the requests batch together)
+    assert sampling.top_k == 0 and group[:4] == ("sample", 1.0, 1.0, 0)
 
 
 def test_an_integer_too_long_to_parse_is_invalid_json(tiny: Served) -> None:
