@@ -38,3 +38,13 @@ def chi_squared(counts: Counter[int], expected_p: torch.Tensor) -> tuple[float, 
     assert len(cells) >= 2 and all(e >= 5.0 for e, _ in cells)
     stat = sum((o - e) ** 2 / e for e, o in cells)
     return stat, CHI2_99[len(cells) - 1]
+
+
+def assert_first_two_follow(
+    first: Counter[int], second: Counter[int], p_first: torch.Tensor, p_second: torch.Tensor
+) -> None:
+    """The counts of the first and second emitted tokens pass chi-squared against their exact
+    distributions."""
+    for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
+        stat, critical = chi_squared(counts, p)
+        assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -95,3 +95,25 @@ def char_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def make_llama() -> Callable[..., Any]:
     return build_llama
+
+
+# The server tests' shared fixtures (tests/server_helpers.py; imported on use, so that the tests
+# that run without FastAPI never load it).
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[Any]:
+    """A started server over a fresh tiny engine, one per test module."""
+    from server_helpers import serve_tiny
+
+    served = serve_tiny()
+    try:
+        yield served
+    finally:
+        served.server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference() -> Callable[..., Any]:
+    """Batch-1 greedy generation on a tiny engine of its own (``tiny_reference``)."""
+    from server_helpers import tiny_reference
+
+    return tiny_reference()

@@ -14,8 +14,9 @@ from functools import cache
 
 import pytest
 import torch
+from chi2_helpers import assert_first_two_follow
 from conftest import build_llama
-from test_engine_distribution import PROMPT, chi_squared, exact
+from test_engine_distribution import PROMPT, exact
 from test_engine_distribution import models as distribution_models
 from test_engine_greedy import PROMPTS, check_equal, models, tokenizer
 
@@ -145,10 +146,7 @@ def test_compiled_sampling_follows_target(gamma: int, temperature: float, top_p:
                 break
         first[tokens[0]] += 1
         second[tokens[1]] += 1
-    p_first, p_second = exact(temperature, top_p)
-    for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
-        stat, critical = chi_squared(counts, p)
-        assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"
+    assert_first_two_follow(first, second, *exact(temperature, top_p))
     for part in compiled_parts(engine):
         assert part.compiled_calls > 0 and part.recompiles == 0 and part.failed is None
 

@@ -11,7 +11,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,26 +29,11 @@ from server_helpers import (
     five_xx,
     request,
     serve_tiny,
-    tiny_reference,
 )
 
 from flashspec.serve import StopTrimmer
 from flashspec.serve import chat as chat_module
 from flashspec.serve.protocol import CompletionRequest
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Iterator[Served]:
-    served = serve_tiny()
-    try:
-        yield served
-    finally:
-        served.server.stop()
-
-
-@pytest.fixture(scope="module")
-def reference() -> Callable[..., Any]:
-    return tiny_reference()
 
 
 def chat(served: Served, body: dict[str, Any] | bytes, timeout: float = 60) -> tuple[int, Any]:

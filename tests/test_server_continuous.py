@@ -32,7 +32,6 @@ from server_helpers import (
     request,
     serve_tiny,
     tiny_engine,
-    tiny_reference,
     wait_for,
 )
 
@@ -44,11 +43,6 @@ from flashspec.serve.worker import EngineWorker, Event, Job
 LONG_PROMPT = "x = 1\n"
 # Per-round pause where a request must outlast the arrival of the next one.
 ROUND_PAUSE_S = 0.01
-
-
-@pytest.fixture(scope="module")
-def reference() -> Callable[..., Any]:
-    return tiny_reference()
 
 
 def completion(server: ServerThread, body: dict[str, Any]) -> dict[str, Any]:

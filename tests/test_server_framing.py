@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,21 +29,11 @@ from server_helpers import (
     read_response,
     read_until_closed,
     request,
-    serve_tiny,
 )
 
 from flashspec.serve import DEFAULT_MAX_HEADER_BYTES, ServerThread
 
 COMPLETION = {"prompt": "def f(x):", "max_tokens": 2, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Iterator[Served]:
-    served = serve_tiny()
-    try:
-        yield served
-    finally:
-        served.server.stop()
 
 
 def responses(raw: bytes) -> list[tuple[int, dict[str, str], Any]]:

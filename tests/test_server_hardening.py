@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,25 +39,10 @@ from server_helpers import (
     read_until_closed,
     request,
     serve_tiny,
-    tiny_reference,
     wait_for,
 )
 
 from flashspec.serve import FALLBACK_CHAT_STOP, ServerThread
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Iterator[Served]:
-    served = serve_tiny()
-    try:
-        yield served
-    finally:
-        served.server.stop()
-
-
-@pytest.fixture(scope="module")
-def reference() -> Callable[..., Any]:
-    return tiny_reference()
 
 
 def completion(server: ServerThread, body: dict[str, Any] | bytes) -> tuple[int, Any]:
