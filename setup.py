@@ -87,8 +87,9 @@ residual = Extension(
 
 quant = Extension(
     "flashspec._quant",
-    sources=["ext/_quant.c", "ext/quant.c", "ext/cpu.c"],
+    sources=["ext/_quant.c", "ext/quant.c", "ext/quant_step.c", "ext/cpu.c"],
     include_dirs=["ext"],
+    libraries=["m"],
     define_macros=[("Py_LIMITED_API", LIMITED_API_HEX)],
     py_limited_api=True,
     # Portable optimisation only (the ISA is chosen at run time); no contraction, so a

@@ -15,11 +15,13 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
 #include "quant.h"
+#include "quant_step.h"
 #include "pybuf.h"
 
 #define FS_QUANT_ABI_VERSION 1
@@ -51,6 +53,7 @@ static const dequant_fn g_dequant[N_FORMATS] = {fs_dequant_q4_0, fs_dequant_q4_1
 typedef struct {
     const char *name;
     fs_qmm_fn fn[N_FORMATS];
+    int step_isa; /* the compilation of fs_decoder_step that goes with it (quant_step.h) */
 } backend_t;
 
 static fs_cpu g_cpu;
@@ -61,13 +64,15 @@ static const backend_t *g_active;
 static void register_backends(void) {
     const backend_t scalar = {"scalar",
                               {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_k_c,
-                               fs_qmm_q6_k_c}};
+                               fs_qmm_q6_k_c},
+                              FS_STEP_BASELINE};
     g_n_backends = 0;
     g_backends[g_n_backends++] = scalar;
 #ifdef FLASHSPEC_HAVE_QUANT_ASM
     if (fs_cpu_has_avx2(&g_cpu) && g_cpu.fma && g_cpu.f16c) {
         backend_t b = scalar;
         b.name = "avx2";
+        b.step_isa = FS_STEP_AVX2;
         b.fn[F_Q4_0] = fs_qmm_q4_0_avx2;
         b.fn[F_Q4_1] = fs_qmm_q4_1_avx2;
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx2;
@@ -76,6 +81,7 @@ static void register_backends(void) {
     if (fs_cpu_has_avx512(&g_cpu) && g_cpu.fma && g_cpu.f16c) {
         backend_t b = scalar;
         b.name = "avx512";
+        b.step_isa = FS_STEP_AVX512;
         b.fn[F_Q4_0] = fs_qmm_q4_0_avx512;
         b.fn[F_Q4_1] = fs_qmm_q4_1_avx512;
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx512;
@@ -404,6 +410,274 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------ decoder step */
+
+#define PLAN_NAME "flashspec._quant.decoder_plan"
+/* Per layer: input norm, post-attention norm, then (blocks, qtype) for each product. */
+#define PLAN_NORMS 2
+#define PLAN_PRODUCTS 7
+#define PLAN_FIELDS (PLAN_NORMS + 2 * PLAN_PRODUCTS)
+
+static const char *const g_product_names[PLAN_PRODUCTS] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+typedef struct {
+    fs_decoder d;
+    fs_dlayer *layer;
+    buf_t *views; /* held for the plan's life: the memory its pointers read */
+    size_t nviews;
+} plan_t;
+
+static void plan_free(plan_t *p) {
+    if (p == NULL) return;
+    for (size_t i = 0; i < p->nviews; i++) release(&p->views[i]);
+    free(p->views);
+    free(p->layer);
+    free(p);
+}
+
+static void plan_destructor(PyObject *capsule) {
+    plan_free((plan_t *)PyCapsule_GetPointer(capsule, PLAN_NAME));
+}
+
+/* Prefix the pending exception's message with where in `layers` it arose. */
+static void error_at(Py_ssize_t layer, const char *field) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_Format(type ? type : PyExc_ValueError, "layers[%zd] %s: %S", layer, field,
+                 value ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static int plan_norm(PyObject *obj, size_t dim, buf_t *b, const float **out) {
+    if (acquire(obj, "the norm weight", 0, b) < 0) return -1;
+    if (!is_float32(&b->view) || b->view.len != (Py_ssize_t)(dim * sizeof(float))) {
+        PyErr_Format(PyExc_ValueError, "must be %zu float32 values (the hidden size)", dim);
+        return -1;
+    }
+    *out = (const float *)b->view.buf;
+    return 0;
+}
+
+static int plan_weight(PyObject *blocks, PyObject *qtype_obj, size_t n, size_t k, buf_t *b,
+                       fs_qweight *out) {
+    long qtype = PyLong_AsLong(qtype_obj);
+    if (qtype == -1 && PyErr_Occurred()) return -1;
+    int fi;
+    if (check_geometry((int)qtype, (Py_ssize_t)n, (Py_ssize_t)k, &fi) < 0) return -1;
+    if (acquire(blocks, "w", 0, b) < 0) return -1;
+    const fs_qformat *f = &g_formats[fi];
+    char what[64];
+    snprintf(what, sizeof what, "%zu x %zu of %s", n, k, f->name);
+    if (check_weights(b, weight_bytes(fi, (Py_ssize_t)n, (Py_ssize_t)k), what) < 0) return -1;
+    out->w = (const uint8_t *)b->view.buf;
+    out->format = fi;
+    out->n = n;
+    out->k = k;
+    out->kb = k / f->block_elems;
+    out->row_bytes = out->kb * f->block_bytes;
+    return 0;
+}
+
+static PyObject *py_decoder_plan(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kw[] = {"layers", "dim",  "heads",   "kv_heads",
+                         "head_dim", "ffn", "eps", "scaling", NULL};
+    PyObject *layers;
+    Py_ssize_t dim, heads, kv_heads, head_dim, ffn;
+    double eps, scaling;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Onnnnndd:decoder_plan", kw, &layers, &dim,
+                                     &heads, &kv_heads, &head_dim, &ffn, &eps, &scaling))
+        return NULL;
+    if (dim < 1 || heads < 1 || kv_heads < 1 || head_dim < 2 || ffn < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "dim, heads, kv_heads and ffn must be >= 1 and head_dim >= 2");
+        return NULL;
+    }
+    if (heads % kv_heads != 0 || head_dim % 2 != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "heads (%zd) must be a multiple of kv_heads (%zd) and head_dim (%zd) even",
+                     heads, kv_heads, head_dim);
+        return NULL;
+    }
+    if (!(eps >= 0.0) || !(scaling > 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "eps must be >= 0 and scaling > 0");
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Size(layers);
+    if (count < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "layers must be a sequence of per-layer tuples");
+        return NULL;
+    }
+    if (count < 1) {
+        PyErr_SetString(PyExc_ValueError, "layers is empty");
+        return NULL;
+    }
+    plan_t *p = calloc(1, sizeof *p);
+    if (p == NULL) return PyErr_NoMemory();
+    p->layer = calloc((size_t)count, sizeof *p->layer);
+    p->views = calloc((size_t)count * (PLAN_NORMS + PLAN_PRODUCTS), sizeof *p->views);
+    if (p->layer == NULL || p->views == NULL) {
+        plan_free(p);
+        return PyErr_NoMemory();
+    }
+    const size_t D = (size_t)dim, H = (size_t)heads * (size_t)head_dim,
+                 KV = (size_t)kv_heads * (size_t)head_dim, F = (size_t)ffn;
+    /* (outputs, inputs) of q, k, v, o, gate, up, down */
+    const size_t shape[PLAN_PRODUCTS][2] = {{H, D}, {KV, D}, {KV, D}, {D, H},
+                                            {F, D}, {F, D}, {D, F}};
+    for (Py_ssize_t l = 0; l < count; l++) {
+        PyObject *item = PySequence_GetItem(layers, l);
+        if (item == NULL) goto fail;
+        if (!PyTuple_Check(item) || PyTuple_Size(item) != PLAN_FIELDS) {
+            Py_DECREF(item);
+            PyErr_Format(PyExc_TypeError,
+                         "layers[%zd] must be a tuple of %d: (input norm, post norm, then "
+                         "blocks and qtype of q, k, v, o, gate, up, down)",
+                         l, PLAN_FIELDS);
+            goto fail;
+        }
+        fs_dlayer *L = &p->layer[l];
+        buf_t *v = &p->views[p->nviews];
+        int bad = 0;
+        if (plan_norm(PyTuple_GetItem(item, 0), D, &v[0], &L->in_norm) < 0) {
+            error_at(l, "input norm");
+            bad = 1;
+        } else if (plan_norm(PyTuple_GetItem(item, 1), D, &v[1], &L->post_norm) < 0) {
+            error_at(l, "post-attention norm");
+            bad = 1;
+        }
+        fs_qweight *w[PLAN_PRODUCTS] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (int j = 0; j < PLAN_PRODUCTS && !bad; j++) {
+            if (plan_weight(PyTuple_GetItem(item, PLAN_NORMS + 2 * j),
+                            PyTuple_GetItem(item, PLAN_NORMS + 2 * j + 1), shape[j][0],
+                            shape[j][1], &v[PLAN_NORMS + j], w[j]) < 0) {
+                error_at(l, g_product_names[j]);
+                bad = 1;
+            }
+        }
+        p->nviews += PLAN_NORMS + PLAN_PRODUCTS; /* released by plan_free, held or not */
+        Py_DECREF(item);
+        if (bad) goto fail;
+    }
+    p->d = (fs_decoder){(size_t)count, D, (size_t)heads, (size_t)kv_heads, (size_t)head_dim,
+                        F, (float)eps, (float)scaling, p->layer};
+    PyObject *capsule = PyCapsule_New(p, PLAN_NAME, plan_destructor);
+    if (capsule == NULL) plan_free(p);
+    return capsule;
+fail:
+    plan_free(p);
+    return NULL;
+}
+
+typedef struct {
+    const backend_t *backend;
+    int parts; /* pool shares a large product takes (1: the calling thread alone) */
+} step_ctx;
+
+static void step_product(void *ctx, const fs_qweight *w, const float *x, size_t m, float *y) {
+    const step_ctx *c = (const step_ctx *)ctx;
+    task_t t = {c->backend->fn[w->format], x, w->k, m, w->kb, w->n, w->row_bytes, w->w, y};
+    if (c->parts <= 1 || (double)m * (double)w->n * (double)w->k < PARALLEL_MIN_MACS)
+        run_share(&t, 0, 1);
+    else
+        run_task(&t, c->parts);
+}
+
+static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kw[] = {"plan", "hidden", "cos", "sin", "kv", "past", NULL};
+    PyObject *plano, *ho, *co, *so, *kvo;
+    Py_ssize_t past;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOn:decoder_step", kw, &plano, &ho, &co,
+                                     &so, &kvo, &past))
+        return NULL;
+    if (!PyCapsule_IsValid(plano, PLAN_NAME)) {
+        PyErr_SetString(PyExc_TypeError, "plan must come from decoder_plan()");
+        return NULL;
+    }
+    const plan_t *p = (const plan_t *)PyCapsule_GetPointer(plano, PLAN_NAME);
+    const fs_decoder *d = &p->d;
+    buf_t h = {0}, c = {0}, s = {0}, kv = {0};
+    PyObject *result = NULL;
+    float *scratch = NULL;
+    if (acquire(ho, "hidden", 1, &h) < 0 || acquire(co, "cos", 0, &c) < 0 ||
+        acquire(so, "sin", 0, &s) < 0 || acquire(kvo, "kv", 1, &kv) < 0)
+        goto done;
+    const buf_t *all[4] = {&h, &c, &s, &kv};
+    const char *names[4] = {"hidden", "cos", "sin", "kv"};
+    for (int i = 0; i < 4; i++)
+        if (!is_float32(&all[i]->view)) {
+            PyErr_Format(PyExc_TypeError, "%s must hold float32", names[i]);
+            goto done;
+        }
+    size_t row = d->dim * sizeof(float);
+    if (h.view.len == 0 || (size_t)h.view.len % row != 0) {
+        PyErr_Format(PyExc_ValueError, "hidden must hold m >= 1 rows of dim = %zu floats",
+                     d->dim);
+        goto done;
+    }
+    size_t m = (size_t)h.view.len / row;
+    Py_ssize_t rope_bytes = (Py_ssize_t)(m * d->head_dim * sizeof(float));
+    if (c.view.len != rope_bytes || s.view.len != rope_bytes) {
+        PyErr_Format(PyExc_ValueError, "cos and sin must hold m x head_dim = %zu x %zu floats",
+                     m, d->head_dim);
+        goto done;
+    }
+    if (kv.view.ndim != 5 || kv.view.shape[0] != (Py_ssize_t)d->layers || kv.view.shape[1] != 2 ||
+        kv.view.shape[2] != (Py_ssize_t)d->kv_heads ||
+        kv.view.shape[4] != (Py_ssize_t)d->head_dim) {
+        PyErr_Format(PyExc_ValueError,
+                     "kv must have shape (layers, 2, kv_heads, capacity, head_dim) = "
+                     "(%zu, 2, %zu, capacity, %zu)",
+                     d->layers, d->kv_heads, d->head_dim);
+        goto done;
+    }
+    size_t cap = (size_t)kv.view.shape[3];
+    if (past < 0 || (size_t)past + m > cap) {
+        PyErr_Format(PyExc_ValueError,
+                     "past must be >= 0 with past + m <= capacity; got past %zd, m %zu, "
+                     "capacity %zu",
+                     past, m, cap);
+        goto done;
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++)
+            if ((i == 0 || j == 3) && overlaps(&all[i]->view, &all[j]->view)) {
+                PyErr_Format(PyExc_ValueError, "%s must not overlap %s", names[i], names[j]);
+                goto done;
+            }
+    scratch = malloc(fs_decoder_scratch(d, m, (size_t)past + m) * sizeof *scratch);
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    step_ctx ctx = {g_active, 1};
+    int pooled = g_pool.wanted > 1 && !atomic_flag_test_and_set(&g_pool_busy);
+    if (pooled) {
+        pool_grow();
+        ctx.parts = g_pool.started + 1 < g_pool.wanted ? g_pool.started + 1 : g_pool.wanted;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    fs_decoder_step(d, (float *)h.view.buf, m, (const float *)c.view.buf,
+                    (const float *)s.view.buf, (float *)kv.view.buf, cap, (size_t)past, scratch,
+                    step_product, &ctx, ctx.backend->step_isa);
+    Py_END_ALLOW_THREADS
+    if (pooled) atomic_flag_clear(&g_pool_busy);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    free(scratch);
+    release(&h);
+    release(&c);
+    release(&s);
+    release(&kv);
+    return result;
+}
+
 /* ---------------------------------------------------------------- dequantize */
 
 static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -616,6 +890,16 @@ static PyMethodDef methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "dequantize_rows(w, qtype, k, rows, out=None)\n--\n\n"
      "Rows `rows` (int64) of W as float32 (len(rows), k): an embedding lookup."},
+    {"decoder_plan", (PyCFunction)(void (*)(void))py_decoder_plan, METH_VARARGS | METH_KEYWORDS,
+     "decoder_plan(layers, dim, heads, kv_heads, head_dim, ffn, eps, scaling)\n--\n\n"
+     "A Llama decoder's quantized layers for decoder_step. layers: one tuple per layer, "
+     "(input norm, post-attention norm, then blocks and qtype of q, k, v, o, gate, up and "
+     "down); the plan holds their buffers."},
+    {"decoder_step", (PyCFunction)(void (*)(void))py_decoder_step, METH_VARARGS | METH_KEYWORDS,
+     "decoder_step(plan, hidden, cos, sin, kv, past)\n--\n\n"
+     "Every layer of the plan for m new positions, in place: hidden (m, dim) float32 in and "
+     "out; cos, sin (m, head_dim); kv (layers, 2, kv_heads, capacity, head_dim) float32, "
+     "positions past .. past + m - 1 written (quant_step.h)."},
     {"formats", py_formats, METH_NOARGS,
      "formats()\n--\n\n{GGML type id: (name, block elements, block bytes)}."},
     {"backend", py_backend, METH_NOARGS, "backend()\n--\n\nThe backend in use."},

@@ -108,6 +108,18 @@ def lean_forward(
     if position_ids is None:
         seen = cache.get_seq_length()
         position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]
+    fused = self.__dict__.get("_flashspec_fused")
+    if (
+        fused is not None
+        and embeds.shape[0] == 1
+        and embeds.shape[1] <= fused_rows()
+        and (attention_mask is None or _all_attended(attention_mask))
+    ):
+        # Quantized layers (flashspec.quant.decoder): every layer in one C call.
+        hidden = embeds.contiguous().clone()
+        cos, sin = self.rotary_emb(hidden, position_ids=position_ids)
+        if fused.step(cache, hidden, cos, sin):
+            return t.result(last_hidden_state=self.norm(hidden), cache=cache)
     mask = t.causal_mask(
         config=self.config,
         inputs_embeds=embeds,
@@ -133,6 +145,20 @@ def lean_forward(
         x = _rms(layer.post_attention_layernorm, hidden)
         hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
     return t.result(last_hidden_state=self.norm(hidden), cache=cache)
+
+
+def _all_attended(mask: torch.Tensor) -> bool:
+    """A 2-D padding mask with no padding (``generate`` passes one of ones): the causal mask
+    is then the one without it."""
+    return mask.dim() == 2 and bool(mask.all())
+
+
+def fused_rows() -> int:
+    """Most new positions a call runs through a fused quantized decoder (more: a prefill,
+    whose products go to the BLAS)."""
+    from .quant.ops import DENSE_ROWS
+
+    return DENSE_ROWS
 
 
 def is_lean(module: torch.nn.Module) -> bool:

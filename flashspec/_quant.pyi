@@ -44,3 +44,27 @@ def cpu_features() -> dict[str, bool]:
 
 def abi_version() -> int:
     """Version of the module interface and kernel contract."""
+
+def decoder_plan(
+    layers: list[tuple[Any, ...]],
+    dim: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    ffn: int,
+    eps: float,
+    scaling: float,
+) -> Any:
+    """A Llama decoder's quantized layers for ``decoder_step`` (an opaque capsule).
+
+    ``layers``: one tuple per layer, (input norm, post-attention norm, then blocks and qtype
+    of q, k, v, o, gate, up, down). The plan holds their buffers for its life.
+    """
+
+def decoder_step(plan: Any, hidden: _Buf, cos: _Buf, sin: _Buf, kv: _Buf, past: int) -> None:
+    """Every layer of ``plan`` for m new positions, in place (ext/quant_step.h).
+
+    ``hidden`` (m, dim) float32 in and out; ``cos``/``sin`` (m, head_dim); ``kv`` float32
+    (layers, 2, kv_heads, capacity, head_dim) with positions ``past`` .. ``past + m - 1``
+    written. ValueError or TypeError, naming the argument, on bad buffers.
+    """

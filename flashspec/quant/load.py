@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from .decoder import attach
 from .gguf_file import read_tensors
 from .layers import QuantEmbedding, QuantLinear
 from .ops import formats
@@ -132,6 +133,7 @@ def build_quantized_model(
             f"({architecture}); load it with dtype='float32' (transformers' dequantized model)"
         )
     share_cores(model)
+    attach(model)
     return model.eval(), record
 
 

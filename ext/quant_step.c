@@ -1,0 +1,275 @@
+/*
+ * quant_step.c - fs_decoder_step: every layer of a Llama decoder for m new positions
+ * (contract and cache layout: quant_step.h).
+ *
+ * Portable C built without -march. The step's body is written once, always inlined, and
+ * compiled three times: for the baseline ISA and, under a target attribute, for AVX2 and
+ * AVX-512F; the glue picks one from its own CPUID dispatch (the same choice as the
+ * products' backend, so FLASHSPEC_QUANT_KERNEL forces both). Sums keep LANES independent
+ * partial sums, a shape the compiler vectorizes, folded in a fixed order; exp is a
+ * branch-free polynomial, so silu and softmax vectorize too. The products (most of the
+ * arithmetic) run the glue's kernels through the callback.
+ */
+#include "quant_step.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Independent partial sums a loop keeps (a zmm of floats); fold assumes 16. */
+#define LANES 16
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp's range where float32 results are normal: below, the polynomial's 2^n would not be. */
+#define EXP_LO -87.3f
+#define EXP_HI 88.7f
+#define LOG2E 1.44269504088896341f
+/* ln 2 split so n * LN2_HI is exact for |n| < 2^9 (Cody and Waite). */
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.42860682030941723e-6f
+/* Adding then subtracting 1.5 * 2^23 rounds a float of magnitude < 2^22 to an integer. */
+#define ROUND_MAGIC 12582912.0f
+
+/* e^x to about 1 ulp on [EXP_LO, EXP_HI] (clamped outside): e^x = 2^n e^r, |r| <= ln2 / 2,
+ * e^r by its Taylor polynomial to r^6 (remainder below 2^-23 relative). */
+INLINE float fast_exp(float x) {
+    x = x < EXP_LO ? EXP_LO : x;
+    x = x > EXP_HI ? EXP_HI : x;
+    float n = (x * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    float r = (x - n * LN2_HI) - n * LN2_LO;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* acc[0] + ... + acc[15] in a fixed order of halvings (registers, no loop). */
+INLINE float fold(const float *acc) {
+    float half[LANES / 2], quarter[LANES / 4];
+    for (int j = 0; j < LANES / 2; j++) half[j] = acc[j] + acc[j + LANES / 2];
+    for (int j = 0; j < LANES / 4; j++) quarter[j] = half[j] + half[j + LANES / 4];
+    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+INLINE float dot(const float *a, const float *b, size_t n) {
+    float acc[LANES] = {0};
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) acc[i % LANES] += a[i] * b[i];
+    return fold(acc);
+}
+
+INLINE float sum_squares(const float *a, size_t n) { return dot(a, a, n); }
+
+/* out = w * (x * rsqrt(mean(x^2) + eps)), LlamaRMSNorm's order of operations. */
+INLINE void rms_norm(const float *x, const float *w, size_t n, float eps, float *out) {
+    float variance = sum_squares(x, n) / (float)n;
+    float r = 1.0f / sqrtf(variance + eps);
+    for (size_t j = 0; j < n; j++) out[j] = w[j] * (x[j] * r);
+}
+
+/* x * cos + rotate_half(x) * sin, in place; rotate_half(x) = (-x[half:], x[:half]). */
+INLINE void rope(float *x, const float *c, const float *s, size_t hd) {
+    size_t half = hd / 2;
+    for (size_t j = 0; j < half; j++) {
+        float a = x[j], b = x[j + half];
+        x[j] = a * c[j] - b * s[j];
+        x[j + half] = b * c[j + half] + a * s[j + half];
+    }
+}
+
+/* scores[j] = (q . keys[j]) * scaling for j < n; returns the largest. */
+typedef float (*score_fn)(const float *q, const float *keys, size_t n, size_t hd,
+                          float scaling, float *scores);
+
+static float scores_portable(const float *q, const float *keys, size_t n, size_t hd,
+                             float scaling, float *scores) {
+    float top = -INFINITY;
+    for (size_t j = 0; j < n; j++) {
+        float s = dot(q, keys + j * hd, hd) * scaling;
+        scores[j] = s;
+        if (s > top) top = s;
+    }
+    return top;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_ISA_STEPS 1
+#define KEYS_AT_ONCE 4
+
+/* The same with a zmm of partial sums per key, KEYS_AT_ONCE keys in flight, folded in
+ * registers (the portable fold of 16 lanes compiles to scalar adds). */
+__attribute__((target("avx512f"))) static float scores_avx512(const float *q, const float *keys,
+                                                              size_t n, size_t hd,
+                                                              float scaling, float *scores) {
+    if (hd % LANES != 0) return scores_portable(q, keys, n, hd, scaling, scores);
+    float top = -INFINITY;
+    size_t j = 0;
+    for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
+        __m512 acc[KEYS_AT_ONCE];
+        for (int t = 0; t < KEYS_AT_ONCE; t++) acc[t] = _mm512_setzero_ps();
+        for (size_t e = 0; e < hd; e += LANES) {
+            __m512 qe = _mm512_loadu_ps(q + e);
+            for (int t = 0; t < KEYS_AT_ONCE; t++)
+                acc[t] = _mm512_add_ps(
+                    acc[t], _mm512_mul_ps(qe, _mm512_loadu_ps(keys + (j + (size_t)t) * hd + e)));
+        }
+        for (int t = 0; t < KEYS_AT_ONCE; t++) {
+            float s = _mm512_reduce_add_ps(acc[t]) * scaling;
+            scores[j + (size_t)t] = s;
+            if (s > top) top = s;
+        }
+    }
+    for (; j < n; j++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (size_t e = 0; e < hd; e += LANES)
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + e),
+                                                   _mm512_loadu_ps(keys + j * hd + e)));
+        float s = _mm512_reduce_add_ps(acc) * scaling;
+        scores[j] = s;
+        if (s > top) top = s;
+    }
+    return top;
+}
+#endif
+
+/* Columns of the values the weighted sum keeps in registers at once (4 zmm). */
+#define OUT_COLS 64
+
+/* out[hd] = softmax(q . keys[0..n) * scaling) @ values[0..n); scores: n floats. */
+INLINE void attend(const float *q, const float *keys, const float *values, size_t n, size_t hd,
+                   float scaling, float *scores, float *out, score_fn score) {
+    float top = score(q, keys, n, hd, scaling, scores);
+    float total = 0.0f;
+    for (size_t j = 0; j < n; j++) {
+        scores[j] = fast_exp(scores[j] - top);
+        total += scores[j];
+    }
+    float inv = 1.0f / total;
+    /* Two interleaved sums over the keys (even, odd), OUT_COLS columns a pass: independent
+     * chains of adds that stay in registers. */
+    for (size_t e0 = 0; e0 < hd; e0 += OUT_COLS) {
+        size_t w = hd - e0 < OUT_COLS ? hd - e0 : OUT_COLS;
+        float even[OUT_COLS] = {0}, odd[OUT_COLS] = {0};
+        size_t j = 0;
+        if (w == OUT_COLS) {
+            for (; j + 2 <= n; j += 2) {
+                const float *v0 = values + j * hd + e0, *v1 = v0 + hd;
+                float p0 = scores[j], p1 = scores[j + 1];
+                for (int e = 0; e < OUT_COLS; e++) {
+                    even[e] += p0 * v0[e];
+                    odd[e] += p1 * v1[e];
+                }
+            }
+        }
+        for (; j < n; j++)
+            for (size_t e = 0; e < w; e++) even[e] += scores[j] * values[j * hd + e0 + e];
+        for (size_t e = 0; e < w; e++) out[e0 + e] = (even[e] + odd[e]) * inv;
+    }
+}
+
+INLINE float silu(float x) { return x / (1.0f + fast_exp(-x)); }
+
+size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys) {
+    size_t qdim = d->heads * d->head_dim, kvdim = d->kv_heads * d->head_dim;
+    return m * (2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) + keys;
+}
+
+INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float *cos,
+                      const float *sin, float *kv, size_t cap, size_t past, float *scratch,
+                      fs_product_fn product, void *ctx, score_fn score) {
+    const size_t dim = d->dim, hd = d->head_dim, ffn = d->ffn;
+    const size_t qdim = d->heads * hd, kvdim = d->kv_heads * hd;
+    const size_t group = d->heads / d->kv_heads;
+    const size_t plane = d->kv_heads * cap * hd; /* one layer's keys (or values) */
+    float *x = scratch;            /* [m, dim] normed input of a block */
+    float *q = x + m * dim;        /* [m, qdim] */
+    float *k = q + m * qdim;       /* [m, kvdim] */
+    float *v = k + m * kvdim;      /* [m, kvdim] */
+    float *att = v + m * kvdim;    /* [m, qdim] */
+    float *delta = att + m * qdim; /* [m, dim] a block's output before the residual */
+    float *gate = delta + m * dim; /* [m, ffn] */
+    float *up = gate + m * ffn;    /* [m, ffn] */
+    float *scores = up + m * ffn;  /* [past + m] */
+
+    for (size_t l = 0; l < d->layers; l++) {
+        const fs_dlayer *L = &d->layer[l];
+        float *keys = kv + 2 * l * plane, *values = keys + plane;
+
+        for (size_t i = 0; i < m; i++)
+            rms_norm(hidden + i * dim, L->in_norm, dim, d->eps, x + i * dim);
+        product(ctx, &L->q, x, m, q);
+        product(ctx, &L->k, x, m, k);
+        product(ctx, &L->v, x, m, v);
+        for (size_t i = 0; i < m; i++) {
+            const float *c = cos + i * hd, *s = sin + i * hd;
+            for (size_t h = 0; h < d->heads; h++) rope(q + i * qdim + h * hd, c, s, hd);
+            for (size_t g = 0; g < d->kv_heads; g++) {
+                float *kr = keys + (g * cap + past + i) * hd;
+                memcpy(kr, k + i * kvdim + g * hd, hd * sizeof *kr);
+                rope(kr, c, s, hd);
+                memcpy(values + (g * cap + past + i) * hd, v + i * kvdim + g * hd,
+                       hd * sizeof(float));
+            }
+        }
+        for (size_t i = 0; i < m; i++)
+            for (size_t h = 0; h < d->heads; h++) {
+                size_t g = h / group;
+                attend(q + i * qdim + h * hd, keys + g * cap * hd, values + g * cap * hd,
+                       past + i + 1, hd, d->scaling, scores, att + i * qdim + h * hd, score);
+            }
+        product(ctx, &L->o, att, m, delta);
+        for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
+
+        for (size_t i = 0; i < m; i++)
+            rms_norm(hidden + i * dim, L->post_norm, dim, d->eps, x + i * dim);
+        product(ctx, &L->gate, x, m, gate);
+        product(ctx, &L->up, x, m, up);
+        for (size_t e = 0; e < m * ffn; e++) gate[e] = silu(gate[e]) * up[e];
+        product(ctx, &L->down, gate, m, delta);
+        for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
+    }
+}
+
+#define STEP_ARGS                                                                          \
+    const fs_decoder *d, float *hidden, size_t m, const float *cos, const float *sin,      \
+        float *kv, size_t cap, size_t past, float *scratch, fs_product_fn product, void *ctx
+#define STEP_CALL(score) \
+    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx, score)
+
+static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable); }
+
+#ifdef HAVE_ISA_STEPS
+__attribute__((target("avx2"))) static void step_avx2(STEP_ARGS) {
+    STEP_CALL(scores_portable);
+}
+__attribute__((target("avx512f"))) static void step_avx512(STEP_ARGS) {
+    STEP_CALL(scores_avx512);
+}
+#endif
+
+void fs_decoder_step(const fs_decoder *d, float *hidden, size_t m, const float *cos,
+                     const float *sin, float *kv, size_t cap, size_t past, float *scratch,
+                     fs_product_fn product, void *ctx, int isa) {
+#ifdef HAVE_ISA_STEPS
+    if (isa == FS_STEP_AVX512) {
+        step_avx512(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx);
+        return;
+    }
+    if (isa == FS_STEP_AVX2) {
+        step_avx2(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx);
+        return;
+    }
+#endif
+    (void)isa;
+    step_baseline(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx);
+}

@@ -1,0 +1,74 @@
+/*
+ * quant_step.h - a whole Llama decoder step over quantized layers, in C.
+ *
+ * Once the products read GGUF blocks (quant.h), a small model's step is mostly the
+ * ~1,100 torch operations around them: norms, RoPE, the cache's concatenation, attention,
+ * residuals. fs_decoder_step runs all of a Llama decoder's layers for m new positions in
+ * one call, the operations in the order transformers' LlamaDecoderLayer writes them:
+ *
+ *   x = rms(h) * w_in;  q, k, v = x Wq^T, x Wk^T, x Wv^T;  rope(q), rope(k) with the given
+ *   cos/sin;  k, v appended to the cache;  a = softmax(q k^T * scaling, causal) v  (grouped
+ *   query heads: head i reads kv head i / (heads / kv_heads));  h += a Wo^T;
+ *   x = rms(h) * w_post;  h += (silu(x Wg^T) * (x Wu^T)) Wd^T
+ *
+ * Only the order of float32 sums differs from torch (as between kernel backends), so the
+ * logits agree to rounding and greedy decoding follows the tie rule of flashspec._greedy.
+ *
+ * The cache is one float32 array kv[layers][2][kv_heads][cap][head_dim] (2: keys, values);
+ * the step writes positions past .. past + m - 1 of every layer and reads 0 .. past + m - 1.
+ * Query row i sees keys 0 .. past + i (a causal step with no padding: a batch of one).
+ * The products go through a callback, so the glue (ext/_quant.c) keeps the choice of
+ * backend and the thread pool. No Python here.
+ */
+#ifndef FLASHSPEC_QUANT_STEP_H
+#define FLASHSPEC_QUANT_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One quantized weight: n rows (outputs) of k inputs, GGUF blocks as in quant.h. */
+typedef struct fs_qweight {
+    const uint8_t *w;
+    int format;       /* the glue's format index (its table of formats and kernels) */
+    size_t n, k;
+    size_t kb;        /* blocks per row */
+    size_t row_bytes; /* bytes per row */
+} fs_qweight;
+
+typedef struct fs_dlayer {
+    const float *in_norm;   /* [dim] input_layernorm.weight */
+    const float *post_norm; /* [dim] post_attention_layernorm.weight */
+    fs_qweight q, k, v, o, gate, up, down;
+} fs_dlayer;
+
+typedef struct fs_decoder {
+    size_t layers, dim, heads, kv_heads, head_dim, ffn;
+    float eps;     /* the norms' variance_epsilon */
+    float scaling; /* the attention's score scale (head_dim ** -0.5 for Llama) */
+    const fs_dlayer *layer;
+} fs_decoder;
+
+/* y[m, w->n] = x[m, w->k] @ W^T, rows contiguous. */
+typedef void (*fs_product_fn)(void *ctx, const fs_qweight *w, const float *x, size_t m,
+                              float *y);
+
+/* Floats of scratch fs_decoder_step needs for m rows over `keys` cached positions. */
+size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys);
+
+/* Which compilation of the step to run (quant_step.c); the caller checks the CPU has it. */
+#define FS_STEP_BASELINE 0
+#define FS_STEP_AVX2 1
+#define FS_STEP_AVX512 2
+
+/*
+ * hidden[m, dim]: the embeddings in, the last layer's output out (before the final norm).
+ * cos, sin[m, head_dim]: the rotary tables of the m positions (attention scaling included).
+ * kv: the cache above, cap positions per head; past + m <= cap.
+ * scratch: fs_decoder_scratch(d, m, past + m) floats.
+ * isa: FS_STEP_*, an ISA the CPU has (and the OS saves the registers of).
+ */
+void fs_decoder_step(const fs_decoder *d, float *hidden, size_t m, const float *cos,
+                     const float *sin, float *kv, size_t cap, size_t past, float *scratch,
+                     fs_product_fn product, void *ctx, int isa);
+
+#endif

@@ -1,0 +1,222 @@
+"""A quantized Llama decoder's layers in one C call: ``flashspec._quant.decoder_step``.
+
+Once the products read GGUF blocks, most of a small model's decoding step is the ~1,100 torch
+operations around them (norms, RoPE, the cache's concatenation, attention, residuals) and the
+Python that calls them. ``FusedDecoder`` runs every layer of a plain Llama decoder whose
+projections are all ``QuantLinear`` in one call that releases the GIL: the same operations in
+transformers' order, only float32 sums in another order (logits agree to rounding, as between
+kernel backends; greedy output follows the tie rule of ``flashspec._greedy``).
+
+The lean forward (``flashspec._lean``) takes it for the calls it fits: one row, no padding
+mask, at most ``DENSE_ROWS`` new positions, a ``DynamicCache`` of plain ``DynamicLayer``s that
+the prompt's prefill has filled. Keys and values then live in one preallocated buffer per cache
+(``_KVStore``) and each layer's ``keys``/``values`` are prefix views of it, so a step writes its
+new positions in place instead of copying the whole cache, and a rollback (``crop``: a shorter
+view) needs no copy either. Anything that replaced the views (a batch's compaction, another
+path's ``torch.cat``) is noticed by pointer and copied back in before the next fused step.
+
+Set ``FLASHSPEC_QUANT_DECODER=0`` to keep the per-operation forward.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import torch
+
+from .layers import QuantLinear
+from .ops import kernels
+
+ENV = "FLASHSPEC_QUANT_DECODER"
+"""Set to ``0`` to run a quantized model's layers operation by operation."""
+
+_STORE_ATTR = "_flashspec_kv"
+_GROW_POSITIONS = 256
+
+
+class _KVStore:
+    """Every layer's keys and values in one float32 buffer, [2 * layers, 1, kv_heads, cap, hd]
+    (keys of layer l at 2l, values at 2l + 1)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.buf = torch.empty((2 * layers, 1, kv_heads, capacity, head_dim))
+        self.array = self.buf.view(layers, 2, kv_heads, capacity, head_dim).numpy()
+        self.pointers = [self.buf[i].data_ptr() for i in range(2 * layers)]
+        self.strides = (kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1)
+
+
+class FusedDecoder:
+    """The C plan of one ``LlamaModel``'s layers; ``step`` runs them (see the module text)."""
+
+    def __init__(self, model: Any) -> None:
+        config = model.config
+        layers = list(model.layers[: config.num_hidden_layers])
+        first = layers[0]
+        self.layers = len(layers)
+        self.dim = int(config.hidden_size)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(first.self_attn.head_dim)
+        self.ffn = int(config.intermediate_size)
+        eps = float(first.input_layernorm.variance_epsilon)
+        rows = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            row: list[Any] = [
+                _norm_array(layer.input_layernorm),
+                _norm_array(layer.post_attention_layernorm),
+            ]
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                           mlp.gate_proj, mlp.up_proj, mlp.down_proj):  # fmt: skip
+                row += [linear._raw(), linear.qtype]
+            rows.append(tuple(row))
+        self.plan = kernels().decoder_plan(
+            rows, self.dim, self.heads, self.kv_heads, self.head_dim, self.ffn, eps,
+            float(first.self_attn.scaling),
+        )  # fmt: skip
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        # The plan points into this model's blocks: a copied model builds its own (attach).
+        return None
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _no_plan, ()
+
+    def step(self, cache: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """Run every layer over ``hidden`` (1, m, dim), in place, with the rotary tables
+        ``cos``/``sin`` (1, m, head_dim), appending to ``cache``. False, touching nothing, when
+        the cache is not one this path keeps (the caller then runs the layers itself)."""
+        m = int(hidden.shape[1])
+        past = self._bind(cache, m)
+        if past is None:
+            return False
+        store: _KVStore = cache.__dict__[_STORE_ATTR]
+        kernels().decoder_step(self.plan, hidden.numpy(), cos.contiguous().numpy(),
+                               sin.contiguous().numpy(), store.array, past)  # fmt: skip
+        views = store.buf[:, :, :, : past + m].unbind(0)
+        for index, layer in enumerate(cache.layers):
+            layer.keys, layer.values = views[2 * index], views[2 * index + 1]
+        return True
+
+    def _bind(self, cache: Any, m: int) -> int | None:
+        """The cached length after making the store hold every layer's keys and values (with
+        room for ``m`` more), or None when the cache is not one this path keeps."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers: list[Any] = cache.layers
+        if len(layers) != self.layers or getattr(cache, "offloading", False):
+            return None
+        first: Any = layers[0]
+        if type(first) is not DynamicLayer or not first.is_initialized:
+            return None
+        first_keys: Any = first.keys
+        past = int(first_keys.shape[-2]) if first_keys.dim() == 4 else 0
+        store: _KVStore | None = cache.__dict__.get(_STORE_ATTR)
+        if store is None or store.capacity < past + m:
+            # Grow geometrically: copies stay O(1) a position over a long generation.
+            wanted = past + m + max(_GROW_POSITIONS, (store.capacity // 2) if store else 0)
+            store = _KVStore(self.layers, self.kv_heads, self.head_dim, wanted)
+        shape = (1, self.kv_heads, past, self.head_dim)
+        for index, layer in enumerate(layers):
+            if type(layer) is not DynamicLayer or not layer.is_initialized:
+                return None
+            keys: Any = layer.keys
+            values: Any = layer.values
+            if (
+                keys.data_ptr() == store.pointers[2 * index]
+                and values.data_ptr() == store.pointers[2 * index + 1]
+                and keys.stride() == store.strides
+                and values.stride() == store.strides
+                and keys.shape[-2] == past
+                and values.shape[-2] == past
+            ):
+                continue  # already the store's prefix views
+            if past == 0 and keys.numel() == 0 and values.numel() == 0:
+                continue
+            if (
+                tuple(keys.shape) != shape
+                or tuple(values.shape) != shape
+                or keys.dtype != torch.float32
+                or values.dtype != torch.float32
+            ):
+                return None
+            store.buf[2 * index, :, :, :past].copy_(keys)
+            store.buf[2 * index + 1, :, :, :past].copy_(values)
+        cache.__dict__[_STORE_ATTR] = store
+        return past
+
+
+def _is_silu(act: Any) -> bool:
+    # torch's module, or transformers' own (ACT2FN["silu"]), which calls F.silu.
+    silu = getattr(importlib.import_module("transformers.activations"), "SiLUActivation", None)
+    return type(act) is torch.nn.SiLU or (silu is not None and type(act) is silu)
+
+
+def _no_plan() -> None:
+    return None
+
+
+def _norm_array(norm: Any) -> Any:
+    weight = norm.weight.detach()
+    if weight.dtype != torch.float32 or not weight.is_contiguous():
+        raise ValueError("the fused decoder takes contiguous float32 norm weights")
+    return weight.numpy()
+
+
+def fused_decoder(model: Any) -> FusedDecoder | None:
+    """A ``FusedDecoder`` for ``model`` (a transformers ``LlamaModel``) when every part of its
+    layers is one the C step repeats exactly, else None: all seven projections ``QuantLinear``
+    without bias, SiLU, RMSNorm with float32 weights and one epsilon, standard attention."""
+    if os.environ.get(ENV, "").strip() == "0":
+        return None
+    try:
+        from transformers.models.llama import modeling_llama as llama
+    except ImportError:
+        return None
+    if type(model) is not llama.LlamaModel or getattr(model.config, "pretraining_tp", 1) > 1:
+        return None
+    config = model.config
+    layers: list[Any] = list(model.layers[: config.num_hidden_layers])
+    if not layers or config._attn_implementation not in ("sdpa", "eager"):
+        return None
+    eps = layers[0].input_layernorm.variance_epsilon
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if type(layer) is not llama.LlamaDecoderLayer or not _is_silu(mlp.act_fn):
+            return None
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if any(type(n) is not llama.LlamaRMSNorm or n.variance_epsilon != eps for n in norms):
+            return None
+        if any(n.weight.dtype != torch.float32 or n.weight.device.type != "cpu" for n in norms):
+            return None
+        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                       mlp.gate_proj, mlp.up_proj, mlp.down_proj):  # fmt: skip
+            if type(linear) is not QuantLinear or linear.bias is not None:
+                return None
+    try:
+        return FusedDecoder(model)
+    except (ValueError, TypeError):  # a shape the plan refuses: keep the torch path
+        return None
+
+
+def attach(model: torch.nn.Module) -> int:
+    """Give every eligible ``LlamaModel`` inside ``model`` its fused decoder; returns how many."""
+    count = 0
+    for module in model.modules():
+        fused = fused_decoder(module)
+        if fused is not None:
+            module.__dict__["_flashspec_fused"] = fused
+            count += 1
+    return count
+
+
+def fused_of(module: torch.nn.Module) -> FusedDecoder | None:
+    """The fused decoder ``attach`` gave ``module``, if any."""
+    fused: FusedDecoder | None = module.__dict__.get("_flashspec_fused")
+    return fused
+
+
+__all__ = ["ENV", "FusedDecoder", "attach", "fused_decoder", "fused_of"]

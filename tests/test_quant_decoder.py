@@ -1,0 +1,370 @@
+"""The fused quantized decoder step (``flashspec.quant.decoder``, ``ext/quant_step.c``).
+
+Each tiny Llama GGUF is written by the test with every projection quantized (grouped-query
+attention: 4 heads over 2 key/value heads). The references share no code with the C step:
+transformers' own load of the same file (gguf-py dequantizes it) run over the whole sequence
+without a cache, and the quantized model's own torch path (the fused decoder taken away).
+Checked, on every backend: logits of prefill-then-steps of 1, 5 and 3 positions with a
+rollback between them within 1e-4 of the largest; that the C step really ran and keeps the
+cache in its store (views, no copy); a cache another path grew (a step of more rows than the
+C step takes) copied back in; greedy identity with ``generate`` and through the speculative
+engine; the models it must leave alone; bad arguments refused with errors that name them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
+
+import numpy as np
+import torch
+from gguf_helpers import EOS_ID, transformers_gguf_load, write_tiny_gguf
+
+import flashspec.quant.decoder as decoder
+import flashspec.quant.ops as quant_ops
+from flashspec import (
+    FlashSpecConfig,
+    PromptLookupDrafter,
+    SamplingConfig,
+    SpeculativeEngine,
+    TargetModel,
+)
+from flashspec._greedy import compare_greedy
+from flashspec.models import Padding
+from flashspec.quant import build_quantized_model
+
+if not quant_ops.available():
+    pytest.skip("flashspec._quant is not built", allow_module_level=True)
+
+PROJECTIONS = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+RELATIVE = 1e-4  # of the largest |logit|: float32 sums in another order, nothing more
+PROMPTS = [
+    "the dog the dog the dog the dog",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+]
+
+
+@dataclass(frozen=True)
+class Variant:
+    fmt: str
+    hidden: int
+    ffn: int
+    types: tuple[str, ...] = tuple(PROJECTIONS)
+
+    @property
+    def name(self) -> str:
+        return f"{self.fmt}-{len(self.types)}"
+
+    def write(self, folder: Path) -> Path:
+        width = self.hidden / 64
+        types = dict.fromkeys([*self.types, "token_embd"], self.fmt)
+        return write_tiny_gguf(
+            folder / self.name / "tiny.gguf",
+            quant_types=types,
+            hidden=self.hidden,
+            ffn=self.ffn,
+            scale=0.18 / width**0.5,
+            embed_scale=0.5 / width**0.5,
+        )
+
+
+# head_dim 16 (64 wide) and 64 (256 wide: the K formats' block, and SmolLM2's head size).
+VARIANTS = [Variant("Q8_0", 64, 128), Variant("Q4_1", 64, 128), Variant("Q4_K", 256, 512)]
+DENSE_ATTENTION = Variant("Q4_0", 64, 128, ("ffn_gate", "ffn_up", "ffn_down"))
+
+
+@dataclass
+class Loaded:
+    path: Path
+    reference: Any
+    tokenizer: Any
+
+    def quantized(self) -> Any:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
+        return build_quantized_model(self.path, config)[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("fused-gguf")
+    made: dict[str, Loaded] = {}
+
+    def make(variant: Variant) -> Loaded:
+        if variant.name not in made:
+            path = variant.write(root)
+            model, tokenizer = transformers_gguf_load(path)
+            made[variant.name] = Loaded(path, model, tokenizer)
+        return made[variant.name]
+
+    return make
+
+
+class Counting:
+    """``flashspec._quant`` with its ``decoder_step`` calls counted."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.module = quant_ops.kernels()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+    def decoder_step(self, *args: Any) -> None:
+        self.steps += 1
+        self.module.decoder_step(*args)
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> Counting:
+    counter = Counting()
+    monkeypatch.setattr(decoder, "kernels", lambda: counter)
+    return counter
+
+
+@pytest.fixture
+def every_backend() -> Any:
+    """Runs the test body once per backend the CPU has (scalar C, AVX2, AVX-512)."""
+    kernels = quant_ops.kernels()
+    before = kernels.backend()
+    yield kernels.available_backends()
+    kernels.set_backend(before)
+
+
+def inner(model: Any) -> Any:
+    return model.model
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def reference_logits(reference: Any, ids: list[int], last: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return reference(torch.tensor([ids])).logits[:, -last:]
+
+
+def run_steps(target: TargetModel, prompt: list[int], steps: list[list[int]]) -> list[Any]:
+    """Prefill, then each step (after the second, a rollback of 2 positions): the logits of
+    each call with the token ids that led to them."""
+    pad = Padding(torch.zeros(1, dtype=torch.int64))
+    target.reset()
+    seen = list(prompt)
+    out = []
+    with torch.inference_mode():
+        out.append((list(seen), target.forward(torch.tensor([prompt]), pad, len(prompt))))
+        for index, step in enumerate(steps):
+            seen += step
+            out.append((list(seen), target.forward(torch.tensor([step]), pad, len(step))))
+            if index == 1:
+                target.rollback(len(seen) - 2)
+                seen = seen[:-2]
+    return out
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_steps_match_dequantized_load_on_every_backend(
+    variant: Variant, files: Any, counting: Counting, every_backend: list[str]
+) -> None:
+    loaded = files(variant)
+    model = loaded.quantized()
+    assert decoder.fused_of(inner(model)) is not None
+    target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
+    vocab = loaded.reference.config.vocab_size
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, vocab, (9,), generator=generator).tolist()
+    steps = [torch.randint(0, vocab, (m,), generator=generator).tolist() for m in (1, 5, 3, 1)]
+    for backend in every_backend:
+        quant_ops.kernels().set_backend(backend)
+        counting.steps = 0
+        for ids, logits in run_steps(target, prompt, steps):
+            want = reference_logits(loaded.reference, ids, logits.shape[1])
+            error = relative(logits, want)
+            assert error <= RELATIVE, f"{backend} after {len(ids)} tokens: relative {error:.2e}"
+        assert counting.steps == len(steps), backend  # the prefill alone took the torch path
+
+
+def test_cache_lives_in_the_store_and_is_copied_back_after_another_path(
+    files: Any, counting: Counting
+) -> None:
+    loaded = files(VARIANTS[1])
+    model = loaded.quantized()
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    vocab = loaded.reference.config.vocab_size
+    generator = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, vocab, (6,), generator=generator).tolist()
+    # 3 fused steps, then more rows than the C step takes (the torch path's torch.cat
+    # replaces every layer's tensors), then fused steps that must copy the cache back in.
+    many = quant_ops.DENSE_ROWS + 2
+    sizes = [1, 2, 1, many, 1, 4]
+    steps = [torch.randint(0, vocab, (m,), generator=generator).tolist() for m in sizes]
+    pad = Padding(torch.zeros(1, dtype=torch.int64))
+    target.reset()
+    seen = list(prompt)
+    with torch.inference_mode():
+        target.forward(torch.tensor([prompt]), pad, 1)
+        for step in steps:
+            seen += step
+            logits = target.forward(torch.tensor([step]), pad, len(step))
+            want = reference_logits(loaded.reference, seen, len(step))
+            assert relative(logits, want) <= RELATIVE, len(seen)
+            store = target.cache.__dict__.get("_flashspec_kv")
+            layer = target.cache.layers[0]
+            in_store = store is not None and layer.keys.data_ptr() == store.pointers[0]
+            assert in_store == (len(step) <= quant_ops.DENSE_ROWS), len(step)
+            assert layer.keys.shape[-2] == len(seen)
+    assert counting.steps == len(sizes) - 1
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_greedy_equals_dequantized_generate(
+    variant: Variant, files: Any, counting: Counting
+) -> None:
+    """``generate`` on the quantized model (a mask of ones: the C step), and the speculative
+    engine with prompt lookup (verifications of gamma + 1 rows and rollbacks), against the
+    dequantized model's ``generate``, under the tie rule of ``flashspec._greedy``."""
+    loaded = files(variant)
+    model = loaded.quantized()
+    target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=4)), [PromptLookupDrafter()], target
+    )
+    for text in PROMPTS:
+        ids = loaded.tokenizer(text)["input_ids"]
+        want = hf_greedy(loaded.reference, ids, 40)
+        for got in (hf_greedy(model, ids, 40), engine.generate(text, max_new_tokens=40).tokens[0]):
+            verdict = compare_greedy(loaded.reference, ids, got, want)
+            assert verdict.status != "mismatch", (verdict.at, verdict.gap, got, want)
+    assert counting.steps > 40
+
+
+def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    prompt = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                             max_new_tokens=n, pad_token_id=EOS_ID)  # fmt: skip
+    tokens: list[int] = out[0, len(ids) :].tolist()
+    return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
+
+
+def test_padded_batches_and_dense_attention_keep_the_torch_path(
+    files: Any, counting: Counting
+) -> None:
+    dense = files(DENSE_ATTENTION).quantized()
+    assert decoder.fused_of(inner(dense)) is None  # attention stayed float32: no plan
+    loaded = files(VARIANTS[0])
+    model = loaded.quantized()
+    ids = torch.tensor([loaded.tokenizer(PROMPTS[0])["input_ids"]] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
+                             pad_token_id=EOS_ID)  # fmt: skip
+    assert out.shape[1] == ids.shape[1] + 4
+    assert counting.steps == 0
+
+
+def test_switched_off_by_environment(files: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(decoder.ENV, "0")
+    assert decoder.fused_of(inner(files(VARIANTS[0]).quantized())) is None
+
+
+def test_a_copied_model_has_no_plan_of_the_original(files: Any) -> None:
+    model = files(VARIANTS[0]).quantized()
+    assert decoder.fused_of(inner(model)) is not None
+    twin = copy.deepcopy(model)
+    assert decoder.fused_of(inner(twin)) is None
+    assert decoder.attach(twin) == 1
+
+
+# ----------------------------------------------------------------------- bad arguments
+
+
+def tiny_plan() -> tuple[Any, list[Any]]:
+    """A one-layer plan over random Q8_0 blocks (dim 32, 2 heads of 16, 1 kv head, ffn 32)."""
+    rng = np.random.default_rng(0)
+
+    def blocks(n: int, k: int) -> np.ndarray:
+        raw = rng.integers(0, 255, (n, k // 32 * 34), dtype=np.uint8)
+        raw.reshape(n, k // 32, 34)[:, :, 1] = 0x2C  # fp16 scales near 0.06: finite sums
+        return raw
+
+    norm = np.ones(32, np.float32)
+    layer = [norm, norm]
+    for n, k in ((32, 32), (16, 32), (16, 32), (32, 32), (32, 32), (32, 32), (32, 32)):
+        layer += [blocks(n, k), 8]
+    plan = quant_ops.kernels().decoder_plan([tuple(layer)], 32, 2, 1, 16, 32, 1e-5, 0.25)
+    return plan, layer
+
+
+def test_plan_and_step_refuse_bad_arguments() -> None:
+    k = quant_ops.kernels()
+    plan, layer = tiny_plan()
+    bad_plans = [
+        (([tuple(layer)], 32, 3, 2, 16, 32, 1e-5, 0.25), ValueError, "multiple of kv_heads"),
+        (([tuple(layer)], 32, 2, 1, 15, 32, 1e-5, 0.25), ValueError, "even"),
+        (([], 32, 2, 1, 16, 32, 1e-5, 0.25), ValueError, "empty"),
+        ((7, 32, 2, 1, 16, 32, 1e-5, 0.25), TypeError, "sequence"),
+        (([tuple(layer[:5])], 32, 2, 1, 16, 32, 1e-5, 0.25), TypeError, "tuple of 16"),
+        (([tuple(layer)], 64, 2, 1, 16, 32, 1e-5, 0.25), ValueError, "layers[0] input norm"),
+        (([(*layer[:2], layer[4], *layer[3:])], 32, 2, 1, 16, 32, 1e-5, 0.25), ValueError,
+         "layers[0] q_proj"),
+        (([(*layer[:15], 99)], 32, 2, 1, 16, 32, 1e-5, 0.25), ValueError, "down_proj"),
+        (([tuple(layer)], 32, 2, 1, 16, 32, 1e-5, 0.0), ValueError, "scaling"),
+    ]  # fmt: skip
+    for args, error, words in bad_plans:
+        with pytest.raises(error, match=words.replace("[", r"\[").replace("]", r"\]")):
+            k.decoder_plan(*args)
+    hidden = np.zeros((2, 32), np.float32)
+    rope = np.ones((2, 16), np.float32)
+    kv = np.zeros((1, 2, 1, 8, 16), np.float32)
+    bad_steps = [
+        ((None, hidden, rope, rope, kv, 0), TypeError, "plan"),
+        ((plan, hidden.astype(np.float64), rope, rope, kv, 0), TypeError, "hidden"),
+        ((plan, np.zeros((2, 31), np.float32), rope, rope, kv, 0), ValueError, "dim = 32"),
+        ((plan, hidden, rope[:1], rope, kv, 0), ValueError, "cos and sin"),
+        ((plan, hidden, rope, rope, kv[:, :1], 0), ValueError, "kv must have shape"),
+        ((plan, hidden, rope, rope, kv, 7), ValueError, "past"),
+        ((plan, hidden, rope, rope, kv, -1), ValueError, "past"),
+        ((plan, hidden, rope, rope, kv.view(np.float32)[..., ::2], 0), ValueError, "contiguous"),
+        ((plan, kv.reshape(-1)[:64].reshape(2, 32), rope, rope, kv, 0), ValueError, "overlap"),
+    ]  # fmt: skip
+    for args, error, words in bad_steps:
+        with pytest.raises(error, match=words):
+            k.decoder_step(*args)
+    k.decoder_step(plan, hidden, rope, rope, kv, 6)  # well formed: the last two positions
+    hidden.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        k.decoder_step(plan, hidden, rope, rope, kv, 0)
+
+
+def test_step_writes_only_its_positions_and_a_plan_outlives_its_arrays() -> None:
+    """Positions past .. past + m - 1 of the cache change, nothing else; the plan holds its
+    buffers (the layer list dropped, memory reused) and still computes the same."""
+    k = quant_ops.kernels()
+    plan, layer = tiny_plan()
+    kv = np.full((1, 2, 1, 8, 16), 7.0, np.float32)
+    kv[:, :, :, :3] = np.random.default_rng(1).standard_normal((1, 2, 1, 3, 16))
+    before = kv.copy()
+    hidden = np.random.default_rng(2).standard_normal((2, 32)).astype(np.float32)
+    angle = np.random.default_rng(3).uniform(0, 6, (2, 16)).astype(np.float32)
+    cos, sin = np.cos(angle), np.sin(angle)
+    first = hidden.copy()
+    k.decoder_step(plan, first, cos, sin, kv, 3)
+    changed = np.any(kv != before, axis=-1)[0, :, 0]  # (2, 8): keys/values x position
+    assert changed[:, 3:5].all() and not changed[:, :3].any() and not changed[:, 5:].any()
+    assert np.isfinite(first).all() and not np.array_equal(first, hidden)
+    del layer
+    [np.ones(4096) for _ in range(64)]
+    again = hidden.copy()
+    kv2 = before.copy()
+    k.decoder_step(plan, again, cos, sin, kv2, 3)
+    assert np.array_equal(again, first) and np.array_equal(kv2, kv)
