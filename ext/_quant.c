@@ -135,6 +135,9 @@ typedef struct {
     size_t ldx, m, kb, n, row_bytes;
     const uint8_t *w;
     float *y;
+    /* Set: the task is not a product but custom(arg, part, parts) on each share. */
+    void (*custom)(void *arg, size_t part, size_t parts);
+    void *arg;
 } task_t;
 
 static struct {
@@ -156,6 +159,10 @@ static struct {
 static atomic_flag g_pool_busy = ATOMIC_FLAG_INIT;
 
 static void run_share(const task_t *t, int part, int parts) {
+    if (t->custom != NULL) {
+        t->custom(t->arg, (size_t)part, (size_t)parts);
+        return;
+    }
     size_t per = (t->n + (size_t)parts - 1) / (size_t)parts;
     per = (per + SHARE_ROWS - 1) / SHARE_ROWS * SHARE_ROWS;
     size_t lo = per * (size_t)part, hi = lo + per;
@@ -380,10 +387,17 @@ static PyObject *py_qmatmul(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     const fs_qformat *f = &g_formats[fi];
-    task_t t = {g_active->fn[fi], (const float *)x.view.buf, (size_t)k, (size_t)m,
-                (size_t)k / f->block_elems, (size_t)n,
-                (size_t)k / f->block_elems * f->block_bytes, (const uint8_t *)w.view.buf,
-                (float *)out.view.buf};
+    task_t t = {g_active->fn[fi],
+                (const float *)x.view.buf,
+                (size_t)k,
+                (size_t)m,
+                (size_t)k / f->block_elems,
+                (size_t)n,
+                (size_t)k / f->block_elems * f->block_bytes,
+                (const uint8_t *)w.view.buf,
+                (float *)out.view.buf,
+                NULL,
+                NULL};
     double macs = (double)m * (double)n * (double)k;
     if (macs < PARALLEL_MIN_MACS || g_pool.wanted <= 1) {
         run_share(&t, 0, 1);
@@ -580,11 +594,25 @@ typedef struct {
 
 static void step_product(void *ctx, const fs_qweight *w, const float *x, size_t m, float *y) {
     const step_ctx *c = (const step_ctx *)ctx;
-    task_t t = {c->backend->fn[w->format], x, w->k, m, w->kb, w->n, w->row_bytes, w->w, y};
+    task_t t = {c->backend->fn[w->format], x, w->k, m, w->kb, w->n, w->row_bytes, w->w, y,
+                NULL, NULL};
     if (c->parts <= 1 || (double)m * (double)w->n * (double)w->k < PARALLEL_MIN_MACS)
         run_share(&t, 0, 1);
     else
         run_task(&t, c->parts);
+}
+
+static size_t step_parallel(void *ctx, fs_part_fn body, void *arg, double work) {
+    const step_ctx *c = (const step_ctx *)ctx;
+    task_t t = {0};
+    t.custom = body;
+    t.arg = arg;
+    if (c->parts <= 1 || work < PARALLEL_MIN_MACS) {
+        run_share(&t, 0, 1);
+        return 1;
+    }
+    run_task(&t, c->parts);
+    return (size_t)c->parts;
 }
 
 static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -650,21 +678,24 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
                 PyErr_Format(PyExc_ValueError, "%s must not overlap %s", names[i], names[j]);
                 goto done;
             }
-    scratch = malloc(fs_decoder_scratch(d, m, (size_t)past + m) * sizeof *scratch);
-    if (scratch == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     step_ctx ctx = {g_active, 1};
     int pooled = g_pool.wanted > 1 && !atomic_flag_test_and_set(&g_pool_busy);
     if (pooled) {
         pool_grow();
         ctx.parts = g_pool.started + 1 < g_pool.wanted ? g_pool.started + 1 : g_pool.wanted;
     }
+    scratch = malloc(fs_decoder_scratch(d, m, (size_t)past + m, (size_t)ctx.parts) *
+                     sizeof *scratch);
+    if (scratch == NULL) {
+        if (pooled) atomic_flag_clear(&g_pool_busy);
+        PyErr_NoMemory();
+        goto done;
+    }
+    fs_step_env env = {step_product, step_parallel, &ctx, (size_t)ctx.parts};
     Py_BEGIN_ALLOW_THREADS
     fs_decoder_step(d, (float *)h.view.buf, m, (const float *)c.view.buf,
                     (const float *)s.view.buf, (float *)kv.view.buf, cap, (size_t)past, scratch,
-                    step_product, &ctx, ctx.backend->step_isa);
+                    &env, ctx.backend->step_isa);
     Py_END_ALLOW_THREADS
     if (pooled) atomic_flag_clear(&g_pool_busy);
     result = Py_None;

@@ -179,17 +179,43 @@ INLINE void attend(const float *q, const float *keys, const float *values, size_
 
 INLINE float silu(float x) { return x / (1.0f + fast_exp(-x)); }
 
-size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys) {
+size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t parts) {
     size_t qdim = d->heads * d->head_dim, kvdim = d->kv_heads * d->head_dim;
-    return m * (2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) + keys;
+    return m * (2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) + keys * (parts ? parts : 1);
 }
+
+/* One layer's attention for m rows: (row, head) pairs shared out over the parts. */
+typedef struct {
+    const fs_decoder *d;
+    const float *q, *keys, *values; /* q [m, qdim]; keys, values: the layer's cache planes */
+    float *att, *scores;            /* att [m, qdim]; scores: a row of keys floats a part */
+    size_t m, past, cap, keys_per_part;
+    score_fn score;
+} attn_job;
+
+/* Pairs dealt round robin: in a prefill, later rows see more keys, and each part gets some
+ * of every length. */
+INLINE void attn_body(void *arg, size_t part, size_t parts) {
+    const attn_job *a = (const attn_job *)arg;
+    const fs_decoder *d = a->d;
+    const size_t hd = d->head_dim, qdim = d->heads * hd, group = d->heads / d->kv_heads;
+    float *scores = a->scores + part * a->keys_per_part;
+    for (size_t p = part; p < a->m * d->heads; p += parts) {
+        size_t i = p / d->heads, h = p % d->heads, g = h / group;
+        attend(a->q + i * qdim + h * hd, a->keys + g * a->cap * hd, a->values + g * a->cap * hd,
+               a->past + i + 1, hd, d->scaling, scores, a->att + i * qdim + h * hd, a->score);
+    }
+}
+
+static void attn_baseline(void *arg, size_t part, size_t parts) { attn_body(arg, part, parts); }
 
 INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float *cos,
                       const float *sin, float *kv, size_t cap, size_t past, float *scratch,
-                      fs_product_fn product, void *ctx, score_fn score) {
+                      const fs_step_env *env, score_fn score, fs_part_fn attn_part) {
+    const fs_product_fn product = env->product;
+    void *const ctx = env->ctx;
     const size_t dim = d->dim, hd = d->head_dim, ffn = d->ffn;
     const size_t qdim = d->heads * hd, kvdim = d->kv_heads * hd;
-    const size_t group = d->heads / d->kv_heads;
     const size_t plane = d->kv_heads * cap * hd; /* one layer's keys (or values) */
     float *x = scratch;            /* [m, dim] normed input of a block */
     float *q = x + m * dim;        /* [m, qdim] */
@@ -199,7 +225,9 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
     float *delta = att + m * qdim; /* [m, dim] a block's output before the residual */
     float *gate = delta + m * dim; /* [m, ffn] */
     float *up = gate + m * ffn;    /* [m, ffn] */
-    float *scores = up + m * ffn;  /* [past + m] */
+    float *scores = up + m * ffn;  /* [max_parts, past + m] */
+    /* multiply-adds of one layer's attention: scores and weighted sum */
+    const double attn_work = 2.0 * (double)m * (double)d->heads * (double)(past + m) * (double)hd;
 
     for (size_t l = 0; l < d->layers; l++) {
         const fs_dlayer *L = &d->layer[l];
@@ -221,12 +249,8 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
                        hd * sizeof(float));
             }
         }
-        for (size_t i = 0; i < m; i++)
-            for (size_t h = 0; h < d->heads; h++) {
-                size_t g = h / group;
-                attend(q + i * qdim + h * hd, keys + g * cap * hd, values + g * cap * hd,
-                       past + i + 1, hd, d->scaling, scores, att + i * qdim + h * hd, score);
-            }
+        attn_job job = {d, q, keys, values, att, scores, m, past, cap, past + m, score};
+        env->parallel(ctx, attn_part, &job, attn_work);
         product(ctx, &L->o, att, m, delta);
         for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
 
@@ -242,34 +266,41 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
 
 #define STEP_ARGS                                                                          \
     const fs_decoder *d, float *hidden, size_t m, const float *cos, const float *sin,      \
-        float *kv, size_t cap, size_t past, float *scratch, fs_product_fn product, void *ctx
-#define STEP_CALL(score) \
-    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx, score)
+        float *kv, size_t cap, size_t past, float *scratch, const fs_step_env *env
+#define STEP_CALL(score, attn) \
+    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, env, score, attn)
 
-static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable); }
+static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable, attn_baseline); }
 
 #ifdef HAVE_ISA_STEPS
+__attribute__((target("avx2"))) static void attn_avx2(void *arg, size_t part, size_t parts) {
+    attn_body(arg, part, parts);
+}
+__attribute__((target("avx512f"))) static void attn_avx512(void *arg, size_t part,
+                                                           size_t parts) {
+    attn_body(arg, part, parts);
+}
 __attribute__((target("avx2"))) static void step_avx2(STEP_ARGS) {
-    STEP_CALL(scores_portable);
+    STEP_CALL(scores_portable, attn_avx2);
 }
 __attribute__((target("avx512f"))) static void step_avx512(STEP_ARGS) {
-    STEP_CALL(scores_avx512);
+    STEP_CALL(scores_avx512, attn_avx512);
 }
 #endif
 
 void fs_decoder_step(const fs_decoder *d, float *hidden, size_t m, const float *cos,
                      const float *sin, float *kv, size_t cap, size_t past, float *scratch,
-                     fs_product_fn product, void *ctx, int isa) {
+                     const fs_step_env *env, int isa) {
 #ifdef HAVE_ISA_STEPS
     if (isa == FS_STEP_AVX512) {
-        step_avx512(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx);
+        step_avx512(d, hidden, m, cos, sin, kv, cap, past, scratch, env);
         return;
     }
     if (isa == FS_STEP_AVX2) {
-        step_avx2(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx);
+        step_avx2(d, hidden, m, cos, sin, kv, cap, past, scratch, env);
         return;
     }
 #endif
     (void)isa;
-    step_baseline(d, hidden, m, cos, sin, kv, cap, past, scratch, product, ctx);
+    step_baseline(d, hidden, m, cos, sin, kv, cap, past, scratch, env);
 }

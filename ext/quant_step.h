@@ -17,8 +17,8 @@
  * The cache is one float32 array kv[layers][2][kv_heads][cap][head_dim] (2: keys, values);
  * the step writes positions past .. past + m - 1 of every layer and reads 0 .. past + m - 1.
  * Query row i sees keys 0 .. past + i (a causal step with no padding: a batch of one).
- * The products go through a callback, so the glue (ext/_quant.c) keeps the choice of
- * backend and the thread pool. No Python here.
+ * The products and the attention's parallel loop go through callbacks, so the glue
+ * (ext/_quant.c) keeps the choice of backend and the thread pool. No Python here.
  */
 #ifndef FLASHSPEC_QUANT_STEP_H
 #define FLASHSPEC_QUANT_STEP_H
@@ -52,8 +52,22 @@ typedef struct fs_decoder {
 typedef void (*fs_product_fn)(void *ctx, const fs_qweight *w, const float *x, size_t m,
                               float *y);
 
+/* One share of a parallel loop: body(arg, part, parts) for part < parts. */
+typedef void (*fs_part_fn)(void *arg, size_t part, size_t parts);
+/* Runs body over the glue's threads (the caller's included) when `work` multiply-adds are
+ * worth waking them, else body(arg, 0, 1) on the caller; returns the parts it used. */
+typedef size_t (*fs_parallel_fn)(void *ctx, fs_part_fn body, void *arg, double work);
+
+/* What the step calls back into: products and parallel loops, with their context. */
+typedef struct fs_step_env {
+    fs_product_fn product;
+    fs_parallel_fn parallel;
+    void *ctx;
+    size_t max_parts; /* the most parts parallel() uses (scratch holds a score row each) */
+} fs_step_env;
+
 /* Floats of scratch fs_decoder_step needs for m rows over `keys` cached positions. */
-size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys);
+size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t parts);
 
 /* Which compilation of the step to run (quant_step.c); the caller checks the CPU has it. */
 #define FS_STEP_BASELINE 0
@@ -64,11 +78,11 @@ size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys);
  * hidden[m, dim]: the embeddings in, the last layer's output out (before the final norm).
  * cos, sin[m, head_dim]: the rotary tables of the m positions (attention scaling included).
  * kv: the cache above, cap positions per head; past + m <= cap.
- * scratch: fs_decoder_scratch(d, m, past + m) floats.
+ * scratch: fs_decoder_scratch(d, m, past + m, env->max_parts) floats.
  * isa: FS_STEP_*, an ISA the CPU has (and the OS saves the registers of).
  */
 void fs_decoder_step(const fs_decoder *d, float *hidden, size_t m, const float *cos,
                      const float *sin, float *kv, size_t cap, size_t past, float *scratch,
-                     fs_product_fn product, void *ctx, int isa);
+                     const fs_step_env *env, int isa);
 
 #endif

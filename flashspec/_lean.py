@@ -112,7 +112,6 @@ def lean_forward(
     if (
         fused is not None
         and embeds.shape[0] == 1
-        and embeds.shape[1] <= fused_rows()
         and (attention_mask is None or _all_attended(attention_mask))
     ):
         # Quantized layers (flashspec.quant.decoder): every layer in one C call.
@@ -151,14 +150,6 @@ def _all_attended(mask: torch.Tensor) -> bool:
     """A 2-D padding mask with no padding (``generate`` passes one of ones): the causal mask
     is then the one without it."""
     return mask.dim() == 2 and bool(mask.all())
-
-
-def fused_rows() -> int:
-    """Most new positions a call runs through a fused quantized decoder (more: a prefill,
-    whose products go to the BLAS)."""
-    from .quant.ops import DENSE_ROWS
-
-    return DENSE_ROWS
 
 
 def is_lean(module: torch.nn.Module) -> bool:

@@ -1,18 +1,19 @@
 """The fused quantized decoder step (``flashspec.quant.decoder``, ``ext/quant_step.c``).
 
 Each tiny Llama GGUF is written by the test with every projection quantized (grouped-query
-attention: 4 heads over 2 key/value heads). The references share no code with the C step:
+attention: 4 heads over 2 key/value heads). The reference shares no code with the C step:
 transformers' own load of the same file (gguf-py dequantizes it) run over the whole sequence
-without a cache, and the quantized model's own torch path (the fused decoder taken away).
-Checked, on every backend: logits of prefill-then-steps of 1, 5 and 3 positions with a
-rollback between them within 1e-4 of the largest; that the C step really ran and keeps the
-cache in its store (views, no copy); a cache another path grew (a step of more rows than the
-C step takes) copied back in; greedy identity with ``generate`` and through the speculative
-engine; the models it must leave alone; bad arguments refused with errors that name them.
+without a cache. Checked, on every backend: logits of a prefill and steps of 1, 5 and 3
+positions with a rollback between them within 1e-4 of the largest; that the C step really ran
+and keeps the cache in its store (views, no copy); a prompt longer than one C call; a cache
+that transformers' own forward replaced, copied back in; greedy identity with ``generate``
+and through the speculative engine; the models it must leave alone; bad arguments refused
+with errors that name them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from flashspec import (
     TargetModel,
 )
 from flashspec._greedy import compare_greedy
+from flashspec._lean import hf_forward
 from flashspec.models import Padding
 from flashspec.quant import build_quantized_model
 
@@ -189,39 +191,44 @@ def test_steps_match_dequantized_load_on_every_backend(
             want = reference_logits(loaded.reference, ids, logits.shape[1])
             error = relative(logits, want)
             assert error <= RELATIVE, f"{backend} after {len(ids)} tokens: relative {error:.2e}"
-        assert counting.steps == len(steps), backend  # the prefill alone took the torch path
+        assert counting.steps == 1 + len(steps), backend
 
 
 def test_cache_lives_in_the_store_and_is_copied_back_after_another_path(
-    files: Any, counting: Counting
+    files: Any, counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(decoder, "CHUNK_ROWS", 64)  # the tiny model's context is 256
     loaded = files(VARIANTS[1])
     model = loaded.quantized()
     target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
     vocab = loaded.reference.config.vocab_size
     generator = torch.Generator().manual_seed(2)
-    prompt = torch.randint(0, vocab, (6,), generator=generator).tolist()
-    # 3 fused steps, then more rows than the C step takes (the torch path's torch.cat
-    # replaces every layer's tensors), then fused steps that must copy the cache back in.
-    many = quant_ops.DENSE_ROWS + 2
-    sizes = [1, 2, 1, many, 1, 4]
+    # A prompt longer than one C call takes (two pieces), fused steps, one step through
+    # transformers' own forward (its torch.cat replaces every layer's tensors), then fused
+    # steps that must copy the cache back into the store.
+    prompt = torch.randint(0, vocab, (decoder.CHUNK_ROWS + 37,), generator=generator).tolist()
+    sizes = [1, 2, 1, 3, 1, 4]
+    through_hf = 3
     steps = [torch.randint(0, vocab, (m,), generator=generator).tolist() for m in sizes]
     pad = Padding(torch.zeros(1, dtype=torch.int64))
     target.reset()
     seen = list(prompt)
     with torch.inference_mode():
-        target.forward(torch.tensor([prompt]), pad, 1)
-        for step in steps:
+        logits = target.forward(torch.tensor([prompt]), pad, 3)
+        assert relative(logits, reference_logits(loaded.reference, seen, 3)) <= RELATIVE
+        assert counting.steps == 2
+        for index, step in enumerate(steps):
             seen += step
-            logits = target.forward(torch.tensor([step]), pad, len(step))
+            with hf_forward(model) if index == through_hf else contextlib.nullcontext():
+                logits = target.forward(torch.tensor([step]), pad, len(step))
             want = reference_logits(loaded.reference, seen, len(step))
             assert relative(logits, want) <= RELATIVE, len(seen)
             store = target.cache.__dict__.get("_flashspec_kv")
             layer = target.cache.layers[0]
             in_store = store is not None and layer.keys.data_ptr() == store.pointers[0]
-            assert in_store == (len(step) <= quant_ops.DENSE_ROWS), len(step)
+            assert in_store == (index != through_hf), index
             assert layer.keys.shape[-2] == len(seen)
-    assert counting.steps == len(sizes) - 1
+    assert counting.steps == 2 + len(sizes) - 1
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)

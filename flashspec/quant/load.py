@@ -132,8 +132,7 @@ def build_quantized_model(
             f"{', '.join(left[:5]) or ', '.join(missing.unexpected_keys[:5])} "
             f"({architecture}); load it with dtype='float32' (transformers' dequantized model)"
         )
-    share_cores(model)
-    attach(model)
+    share_cores(model, fused=attach(model) > 0)
     return model.eval(), record
 
 

@@ -40,23 +40,27 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """Token positions in a forward call (batch x length of its ids or embeddings)."""
+def _rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
+    """Token positions in a forward call (batch x length of its ids or embeddings), and its
+    batch size."""
     for value in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1]):
         if isinstance(value, torch.Tensor) and value.dim() >= 2:
-            return int(value.shape[0]) * int(value.shape[1])
-    return 1
+            return int(value.shape[0]) * int(value.shape[1]), int(value.shape[0])
+    return 1, 1
 
 
-def share_cores(model: torch.nn.Module) -> None:
-    """Make ``model``'s forward run torch's ops on one thread when it multiplies few rows."""
+def share_cores(model: torch.nn.Module, fused: bool = False) -> None:
+    """Make ``model``'s forward run torch's ops on one thread when it multiplies few rows, or
+    (``fused``: its layers run in one C call, ``flashspec.quant.decoder``) any single row."""
     if os.environ.get(ENV, "").lower() == "keep":
         return
     forward = model.forward
 
     @functools.wraps(forward)
     def run(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling() or _rows(args, kwargs) > DENSE_ROWS:
+        rows, batch = _rows(args, kwargs)
+        few = rows <= DENSE_ROWS or (fused and batch == 1)
+        if torch.compiler.is_compiling() or not few:
             return forward(*args, **kwargs)
         with torch_threads(1):
             return forward(*args, **kwargs)
