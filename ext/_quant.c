@@ -592,14 +592,35 @@ typedef struct {
     int parts; /* pool shares a large product takes (1: the calling thread alone) */
 } step_ctx;
 
-static void step_product(void *ctx, const fs_qweight *w, const float *x, size_t m, float *y) {
+/* Products of one input as one task: each part takes its share of every product's rows. */
+typedef struct {
+    task_t task[FS_MAX_PRODUCTS];
+    size_t count;
+} products_t;
+
+static void products_part(void *arg, size_t part, size_t parts) {
+    const products_t *p = (const products_t *)arg;
+    for (size_t i = 0; i < p->count; i++) run_share(&p->task[i], (int)part, (int)parts);
+}
+
+static void step_products(void *ctx, size_t count, const fs_qweight *const *w, const float *x,
+                          size_t m, float *const *y) {
     const step_ctx *c = (const step_ctx *)ctx;
-    task_t t = {c->backend->fn[w->format], x, w->k, m, w->kb, w->n, w->row_bytes, w->w, y,
-                NULL, NULL};
-    if (c->parts <= 1 || (double)m * (double)w->n * (double)w->k < PARALLEL_MIN_MACS)
-        run_share(&t, 0, 1);
-    else
-        run_task(&t, c->parts);
+    products_t p = {.count = count};
+    double macs = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        p.task[i] = (task_t){c->backend->fn[w[i]->format], x, w[i]->k, m, w[i]->kb, w[i]->n,
+                             w[i]->row_bytes, w[i]->w, y[i], NULL, NULL};
+        macs += (double)m * (double)w[i]->n * (double)w[i]->k;
+    }
+    if (c->parts <= 1 || macs < PARALLEL_MIN_MACS) {
+        products_part(&p, 0, 1);
+        return;
+    }
+    task_t t = {0};
+    t.custom = products_part;
+    t.arg = &p;
+    run_task(&t, c->parts);
 }
 
 static size_t step_parallel(void *ctx, fs_part_fn body, void *arg, double work) {
@@ -691,7 +712,7 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
         PyErr_NoMemory();
         goto done;
     }
-    fs_step_env env = {step_product, step_parallel, &ctx, (size_t)ctx.parts};
+    fs_step_env env = {step_products, step_parallel, &ctx, (size_t)ctx.parts};
     Py_BEGIN_ALLOW_THREADS
     fs_decoder_step(d, (float *)h.view.buf, m, (const float *)c.view.buf,
                     (const float *)s.view.buf, (float *)kv.view.buf, cap, (size_t)past, scratch,

@@ -212,7 +212,7 @@ static void attn_baseline(void *arg, size_t part, size_t parts) { attn_body(arg,
 INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float *cos,
                       const float *sin, float *kv, size_t cap, size_t past, float *scratch,
                       const fs_step_env *env, score_fn score, fs_part_fn attn_part) {
-    const fs_product_fn product = env->product;
+    const fs_products_fn products = env->products;
     void *const ctx = env->ctx;
     const size_t dim = d->dim, hd = d->head_dim, ffn = d->ffn;
     const size_t qdim = d->heads * hd, kvdim = d->kv_heads * hd;
@@ -235,9 +235,9 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
 
         for (size_t i = 0; i < m; i++)
             rms_norm(hidden + i * dim, L->in_norm, dim, d->eps, x + i * dim);
-        product(ctx, &L->q, x, m, q);
-        product(ctx, &L->k, x, m, k);
-        product(ctx, &L->v, x, m, v);
+        const fs_qweight *qkv[3] = {&L->q, &L->k, &L->v};
+        float *qkv_out[3] = {q, k, v};
+        products(ctx, 3, qkv, x, m, qkv_out);
         for (size_t i = 0; i < m; i++) {
             const float *c = cos + i * hd, *s = sin + i * hd;
             for (size_t h = 0; h < d->heads; h++) rope(q + i * qdim + h * hd, c, s, hd);
@@ -251,15 +251,18 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
         }
         attn_job job = {d, q, keys, values, att, scores, m, past, cap, past + m, score};
         env->parallel(ctx, attn_part, &job, attn_work);
-        product(ctx, &L->o, att, m, delta);
+        const fs_qweight *o[1] = {&L->o};
+        products(ctx, 1, o, att, m, &delta);
         for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
 
         for (size_t i = 0; i < m; i++)
             rms_norm(hidden + i * dim, L->post_norm, dim, d->eps, x + i * dim);
-        product(ctx, &L->gate, x, m, gate);
-        product(ctx, &L->up, x, m, up);
+        const fs_qweight *gate_up[2] = {&L->gate, &L->up};
+        float *gate_up_out[2] = {gate, up};
+        products(ctx, 2, gate_up, x, m, gate_up_out);
         for (size_t e = 0; e < m * ffn; e++) gate[e] = silu(gate[e]) * up[e];
-        product(ctx, &L->down, gate, m, delta);
+        const fs_qweight *down[1] = {&L->down};
+        products(ctx, 1, down, gate, m, &delta);
         for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
     }
 }

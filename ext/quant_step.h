@@ -48,9 +48,10 @@ typedef struct fs_decoder {
     const fs_dlayer *layer;
 } fs_decoder;
 
-/* y[m, w->n] = x[m, w->k] @ W^T, rows contiguous. */
-typedef void (*fs_product_fn)(void *ctx, const fs_qweight *w, const float *x, size_t m,
-                              float *y);
+/* y[i][m, w[i]->n] = x[m, w[i]->k] @ W[i]^T for i < count (products of one input, run
+ * as one parallel task: q, k, v; gate, up), rows contiguous. */
+typedef void (*fs_products_fn)(void *ctx, size_t count, const fs_qweight *const *w,
+                               const float *x, size_t m, float *const *y);
 
 /* One share of a parallel loop: body(arg, part, parts) for part < parts. */
 typedef void (*fs_part_fn)(void *arg, size_t part, size_t parts);
@@ -59,8 +60,9 @@ typedef void (*fs_part_fn)(void *arg, size_t part, size_t parts);
 typedef size_t (*fs_parallel_fn)(void *ctx, fs_part_fn body, void *arg, double work);
 
 /* What the step calls back into: products and parallel loops, with their context. */
+#define FS_MAX_PRODUCTS 3
 typedef struct fs_step_env {
-    fs_product_fn product;
+    fs_products_fn products;
     fs_parallel_fn parallel;
     void *ctx;
     size_t max_parts; /* the most parts parallel() uses (scratch holds a score row each) */
