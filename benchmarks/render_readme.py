@@ -999,6 +999,20 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
     notes = settings.get("notes") or {}
     if notes:
         lines += ["", "Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) + "."]
+    steps = data.get("step_costs")
+    if steps:
+        fused, plain = steps["ms"]["fused"], steps["ms"]["per_operation"]
+        rows = [["forward", "fused C step ms (x 1 row)", "per-operation ms", "fused speedup"]]
+        keys = [k for k in fused if k != "prefill"]
+        for key in [*keys, "prefill"]:
+            label = f"prefill of {steps['context']}" if key == "prefill" else f"{key} rows"
+            scale = "" if key == "prefill" else f" ({fused[key] / fused['1']:.2f}x)"
+            rows.append([label, f"{fused[key]:.2f}{scale}", f"{plain[key]:.2f}",
+                         f"{plain[key] / fused[key]:.2f}x"])  # fmt: skip
+        lines += ["", f"One target forward after a {steps['context']}-token prompt (median of "
+                  f"{steps['repeats']}, the two forwards interleaved; the prefill from an empty "
+                  "cache):", ""]  # fmt: skip
+        lines += _markdown(rows)
     return "\n".join(lines)
 
 

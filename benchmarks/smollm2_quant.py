@@ -18,9 +18,11 @@ untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
 Greedy rows of flashspec are checked against ``hf_fp32`` (transformers' dequantized model) under
 the tie rule (``flashspec._greedy``); llama.cpp's against it too (it quantizes activations, so
 its text may differ). Resident memory after loading each method's model is measured in a fresh
-process (``--rss METHOD``). Writes ``benchmarks/results/smollm2-quant.json``: machine, versions,
-git sha, per-request records, per workload and method the medians of tokens/s and of the
-ratio to llama.cpp plain and to HF fp32. Not a test: numbers depend on load.
+process (``--rss METHOD``). Then the cost of one target forward of 1..5 rows (a step, a
+verification) and of a prompt's prefill, with the fused C decoder step and without it.
+Writes ``benchmarks/results/smollm2-quant.json``: machine, versions, git sha, per-request
+records, per workload and method the medians of tokens/s and of the ratio to llama.cpp plain
+and to HF fp32. Not a test: numbers depend on load.
 """
 
 from __future__ import annotations
@@ -221,6 +223,53 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+STEP_ROWS = (1, 2, 3, 4, 5)
+STEP_CONTEXT = 150
+STEP_REPEATS = 15
+
+
+@torch.inference_mode()
+def step_costs(engine: Any) -> dict[str, Any]:
+    """Median ms of one target forward of m rows after a ``STEP_CONTEXT``-token prompt, and of
+    that prompt's prefill: the fused C decoder step (``flashspec.quant.decoder``) against the
+    per-operation forward (the plan taken away), interleaved call by call."""
+    from flashspec.quant.decoder import fused_of
+
+    target = engine.target
+    inner = next(m for m in target.model.modules() if fused_of(m) is not None)
+    fused = fused_of(inner)
+    padding = Padding(torch.zeros(1, dtype=torch.int64))
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, 40000, (1, STEP_CONTEXT), generator=generator)
+    modes = {"fused": fused, "per_operation": None}
+    times: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
+    for _ in range(STEP_REPEATS):
+        for mode, plan in modes.items():
+            if plan is None:
+                inner.__dict__.pop("_flashspec_fused", None)
+            else:
+                inner.__dict__["_flashspec_fused"] = plan
+            target.reset()
+            start = time.perf_counter()
+            target.forward(prompt, padding, 1)
+            times[mode].setdefault("prefill", []).append(time.perf_counter() - start)
+            for m in STEP_ROWS:
+                ids = torch.randint(100, 40000, (1, m), generator=generator)
+                start = time.perf_counter()
+                target.forward(ids, padding, m)
+                times[mode].setdefault(str(m), []).append(time.perf_counter() - start)
+                target.rollback(STEP_CONTEXT)
+    inner.__dict__["_flashspec_fused"] = fused
+    return {
+        "context": STEP_CONTEXT,
+        "repeats": STEP_REPEATS,
+        "ms": {
+            mode: {k: round(statistics.median(v) * 1e3, 3) for k, v in rows.items()}
+            for mode, rows in times.items()
+        },
+    }
+
+
 def resident_memory(methods: list[str]) -> dict[str, float | str]:
     """RSS (MB) after loading each method's model, each in a fresh process."""
     out: dict[str, float | str] = {}
@@ -269,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         workload: summarise([r for r in records if r["workload"] == workload])
         for workload in dict.fromkeys(r["workload"] for r in records)
     }
+    with quiet_timing():
+        steps = step_costs(methods.objects["fs_default"])
     memory = {} if args.no_rss else resident_memory(methods.names())
     data = {
         "machine": machine,
@@ -283,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "summary": summary,
         "resident_mb_after_load": memory,
+        "step_costs": steps,
         "prompts": records,
         "wall_seconds": round(time.perf_counter() - began, 1),
     }
@@ -292,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in rows.items():
             extra = " ".join(f"{k}={v}" for k, v in row.items() if k != "prompts")
             print(f"{name:16s} {extra}")
+    print("step ms:", steps["ms"])
     if memory:
         print("resident MB after load:", memory)
     return 0

@@ -30,6 +30,7 @@ from gguf_helpers import EOS_ID, transformers_gguf_load, write_tiny_gguf
 
 import flashspec.quant.decoder as decoder
 import flashspec.quant.ops as quant_ops
+import flashspec.quant.threads as quant_threads
 from flashspec import (
     FlashSpecConfig,
     PromptLookupDrafter,
@@ -375,3 +376,37 @@ def test_step_writes_only_its_positions_and_a_plan_outlives_its_arrays() -> None
     kv2 = before.copy()
     k.decoder_step(plan, again, cos, sin, kv2, 3)
     assert np.array_equal(again, first) and np.array_equal(kv2, kv)
+
+
+def test_one_row_rounds_of_a_fused_target_run_torch_on_one_thread(files: Any) -> None:
+    """A drafter's torch ops between the target's calls must not leave torch's threads
+    spinning on the kernels' cores: a one-row round of a fused target runs torch at one
+    thread (drafting included), a batch's rounds keep the setting, and torch's count is
+    restored after."""
+    loaded = files(VARIANTS[0])
+    model = loaded.quantized()
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3)), [PromptLookupDrafter()], target
+    )
+    seen: list[tuple[int, int]] = []  # (torch threads, live rows)
+    engine.before_round.append(
+        lambda view: seen.append((torch.get_num_threads(), int(view.tokens.shape[0])))
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine.generate(PROMPTS[0], max_new_tokens=6)
+        one_row = {threads for threads, _ in seen}
+        seen.clear()
+        engine.generate(PROMPTS, max_new_tokens=6)
+        batch = {threads for threads, rows in seen if rows > 1}
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert one_row == {1}
+    assert batch == {2}
+    assert after == 2
+    dense = files(DENSE_ATTENTION).quantized()  # quantized, not fused: rounds left alone
+    assert isinstance(quant_threads.round_threads(dense, 1), contextlib.nullcontext)
+    assert isinstance(quant_threads.round_threads(object(), 1), contextlib.nullcontext)

@@ -27,6 +27,7 @@ from ..models import (
     check_same_vocabulary,
 )
 from ..profiling import span
+from ..quant.threads import round_threads
 from ..sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
 from ..select.bandit import Selector
 from ..select.policy import (
@@ -487,7 +488,7 @@ class SpeculativeEngine:
                     self._admit(gen)
             if not gen.live:
                 continue  # rows may have joined meanwhile
-            with torch.inference_mode():
+            with torch.inference_mode(), round_threads(self.target.model, len(gen.live)):
                 chunks = self._round(gen)
             if chunks:
                 yield chunks
