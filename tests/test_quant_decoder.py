@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +24,17 @@ pytest.importorskip("accelerate")
 
 import numpy as np
 import torch
-from gguf_helpers import EOS_ID, transformers_gguf_load, write_tiny_gguf
+from gguf_helpers import EOS_ID
+from quant_helpers import (
+    LOOKUP_PROMPTS,
+    MIXED,
+    RELATIVE,
+    Variant,
+    every_matrix,
+    hf_greedy,
+    make_files,
+    max_relative,
+)
 
 import flashspec.quant.decoder as decoder
 import flashspec.quant.ops as quant_ops
@@ -41,74 +49,19 @@ from flashspec import (
 from flashspec._greedy import compare_greedy
 from flashspec._lean import hf_forward
 from flashspec.models import Padding
-from flashspec.quant import build_quantized_model
 
 if not quant_ops.available():
     pytest.skip("flashspec._quant is not built", allow_module_level=True)
 
-PROJECTIONS = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
-RELATIVE = 1e-4  # of the largest |logit|: float32 sums in another order, nothing more
-PROMPTS = [
-    "the dog the dog the dog the dog",
-    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
-]
-
-
-@dataclass(frozen=True)
-class Variant:
-    fmt: str
-    hidden: int
-    ffn: int
-    types: tuple[str, ...] = tuple(PROJECTIONS)
-
-    @property
-    def name(self) -> str:
-        return f"{self.fmt}-{len(self.types)}"
-
-    def write(self, folder: Path) -> Path:
-        width = self.hidden / 64
-        types = dict.fromkeys([*self.types, "token_embd"], self.fmt)
-        return write_tiny_gguf(
-            folder / self.name / "tiny.gguf",
-            quant_types=types,
-            hidden=self.hidden,
-            ffn=self.ffn,
-            scale=0.18 / width**0.5,
-            embed_scale=0.5 / width**0.5,
-        )
-
-
+PROMPTS = LOOKUP_PROMPTS[:2]
 # head_dim 16 (64 wide) and 64 (256 wide: the K formats' block, and SmolLM2's head size).
-VARIANTS = [Variant("Q8_0", 64, 128), Variant("Q4_1", 64, 128), Variant("Q4_K", 256, 512)]
-DENSE_ATTENTION = Variant("Q4_0", 64, 128, ("ffn_gate", "ffn_up", "ffn_down"))
-
-
-@dataclass
-class Loaded:
-    path: Path
-    reference: Any
-    tokenizer: Any
-
-    def quantized(self) -> Any:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
-        return build_quantized_model(self.path, config)[0]
+VARIANTS = [every_matrix("Q8_0"), every_matrix("Q4_1"), every_matrix("Q4_K")]
+DENSE_ATTENTION = MIXED  # SmolLM2's mix: the feed-forward quantized, attention float32
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("fused-gguf")
-    made: dict[str, Loaded] = {}
-
-    def make(variant: Variant) -> Loaded:
-        if variant.name not in made:
-            path = variant.write(root)
-            model, tokenizer = transformers_gguf_load(path)
-            made[variant.name] = Loaded(path, model, tokenizer)
-        return made[variant.name]
-
-    return make
+    return make_files(tmp_path_factory.mktemp("fused-gguf"))
 
 
 class Counting:
@@ -146,10 +99,6 @@ def inner(model: Any) -> Any:
     return model.model
 
 
-def relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max() / want.abs().max())
-
-
 def reference_logits(reference: Any, ids: list[int], last: int) -> torch.Tensor:
     with torch.inference_mode():
         return reference(torch.tensor([ids])).logits[:, -last:]
@@ -178,7 +127,7 @@ def test_steps_match_dequantized_load_on_every_backend(
     variant: Variant, files: Any, counting: Counting, every_backend: list[str]
 ) -> None:
     loaded = files(variant)
-    model = loaded.quantized()
+    model, _ = loaded.quantized()
     assert decoder.fused_of(inner(model)) is not None
     target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
     vocab = loaded.reference.config.vocab_size
@@ -190,7 +139,7 @@ def test_steps_match_dequantized_load_on_every_backend(
         counting.steps = 0
         for ids, logits in run_steps(target, prompt, steps):
             want = reference_logits(loaded.reference, ids, logits.shape[1])
-            error = relative(logits, want)
+            error = max_relative(logits, want)
             assert error <= RELATIVE, f"{backend} after {len(ids)} tokens: relative {error:.2e}"
         assert counting.steps == 1 + len(steps), backend
 
@@ -200,7 +149,7 @@ def test_cache_lives_in_the_store_and_is_copied_back_after_another_path(
 ) -> None:
     monkeypatch.setattr(decoder, "CHUNK_ROWS", 64)  # the tiny model's context is 256
     loaded = files(VARIANTS[1])
-    model = loaded.quantized()
+    model, _ = loaded.quantized()
     target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
     vocab = loaded.reference.config.vocab_size
     generator = torch.Generator().manual_seed(2)
@@ -216,14 +165,14 @@ def test_cache_lives_in_the_store_and_is_copied_back_after_another_path(
     seen = list(prompt)
     with torch.inference_mode():
         logits = target.forward(torch.tensor([prompt]), pad, 3)
-        assert relative(logits, reference_logits(loaded.reference, seen, 3)) <= RELATIVE
+        assert max_relative(logits, reference_logits(loaded.reference, seen, 3)) <= RELATIVE
         assert counting.steps == 2
         for index, step in enumerate(steps):
             seen += step
             with hf_forward(model) if index == through_hf else contextlib.nullcontext():
                 logits = target.forward(torch.tensor([step]), pad, len(step))
             want = reference_logits(loaded.reference, seen, len(step))
-            assert relative(logits, want) <= RELATIVE, len(seen)
+            assert max_relative(logits, want) <= RELATIVE, len(seen)
             store = target.cache.__dict__.get("_flashspec_kv")
             layer = target.cache.layers[0]
             in_store = store is not None and layer.keys.data_ptr() == store.pointers[0]
@@ -240,7 +189,7 @@ def test_greedy_equals_dequantized_generate(
     engine with prompt lookup (verifications of gamma + 1 rows and rollbacks), against the
     dequantized model's ``generate``, under the tie rule of ``flashspec._greedy``."""
     loaded = files(variant)
-    model = loaded.quantized()
+    model, _ = loaded.quantized()
     target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
     engine = SpeculativeEngine(
         FlashSpecConfig(sampling=SamplingConfig(gamma=4)), [PromptLookupDrafter()], target
@@ -254,22 +203,13 @@ def test_greedy_equals_dequantized_generate(
     assert counting.steps > 40
 
 
-def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
-    prompt = torch.tensor([ids])
-    with torch.inference_mode():
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                             max_new_tokens=n, pad_token_id=EOS_ID)  # fmt: skip
-    tokens: list[int] = out[0, len(ids) :].tolist()
-    return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
-
-
 def test_padded_batches_and_dense_attention_keep_the_torch_path(
     files: Any, counting: Counting
 ) -> None:
-    dense = files(DENSE_ATTENTION).quantized()
+    dense, _ = files(DENSE_ATTENTION).quantized()
     assert decoder.fused_of(inner(dense)) is None  # attention stayed float32: no plan
     loaded = files(VARIANTS[0])
-    model = loaded.quantized()
+    model, _ = loaded.quantized()
     ids = torch.tensor([loaded.tokenizer(PROMPTS[0])["input_ids"]] * 2)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
@@ -282,11 +222,11 @@ def test_padded_batches_and_dense_attention_keep_the_torch_path(
 
 def test_switched_off_by_environment(files: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(decoder.ENV, "0")
-    assert decoder.fused_of(inner(files(VARIANTS[0]).quantized())) is None
+    assert decoder.fused_of(inner(files(VARIANTS[0]).quantized()[0])) is None
 
 
 def test_a_copied_model_has_no_plan_of_the_original(files: Any) -> None:
-    model = files(VARIANTS[0]).quantized()
+    model, _ = files(VARIANTS[0]).quantized()
     assert decoder.fused_of(inner(model)) is not None
     twin = copy.deepcopy(model)
     assert decoder.fused_of(inner(twin)) is None
@@ -384,7 +324,7 @@ def test_one_row_rounds_of_a_fused_target_run_torch_on_one_thread(files: Any) ->
     thread (drafting included), a batch's rounds keep the setting, and torch's count is
     restored after."""
     loaded = files(VARIANTS[0])
-    model = loaded.quantized()
+    model, _ = loaded.quantized()
     target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
     engine = SpeculativeEngine(
         FlashSpecConfig(sampling=SamplingConfig(gamma=3)), [PromptLookupDrafter()], target
@@ -407,6 +347,6 @@ def test_one_row_rounds_of_a_fused_target_run_torch_on_one_thread(files: Any) ->
     assert one_row == {1}
     assert batch == {2}
     assert after == 2
-    dense = files(DENSE_ATTENTION).quantized()  # quantized, not fused: rounds left alone
+    dense, _ = files(DENSE_ATTENTION).quantized()  # quantized, not fused: rounds left alone
     assert isinstance(quant_threads.round_threads(dense, 1), contextlib.nullcontext)
     assert isinstance(quant_threads.round_threads(object(), 1), contextlib.nullcontext)
