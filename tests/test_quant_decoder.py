@@ -1,9 +1,10 @@
 """The fused quantized decoder step (``flashspec.quant.decoder``, ``ext/quant_step.c``).
 
 Each tiny Llama GGUF is written by the test with every projection quantized (grouped-query
-attention: 4 heads over 2 key/value heads). The reference shares no code with the C step:
+attention: 4 heads over 2 key/value heads). The references share no code with the C step:
 transformers' own load of the same file (gguf-py dequantizes it) run over the whole sequence
-without a cache. Checked, on every backend: logits of a prefill and steps of 1, 5 and 3
+without a cache, and the float64 decoder of ``wheels/check_kernel.py`` on random layers,
+caches and rotary tables. Checked, on every backend: logits of a prefill and steps of 1, 5 and 3
 positions with a rollback between them within 1e-4 of the largest; that the C step really ran
 and keeps the cache in its store (views, no copy); a prompt longer than one C call; a cache
 that transformers' own forward replaced, copied back in; greedy identity with ``generate``
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -350,3 +353,49 @@ def test_one_row_rounds_of_a_fused_target_run_torch_on_one_thread(files: Any) ->
     dense, _ = files(DENSE_ATTENTION).quantized()  # quantized, not fused: rounds left alone
     assert isinstance(quant_threads.round_threads(dense, 1), contextlib.nullcontext)
     assert isinstance(quant_threads.round_threads(object(), 1), contextlib.nullcontext)
+
+
+def _check_kernel() -> Any:
+    """wheels/check_kernel.py, whose float64 decoder reference the wheels are checked with."""
+    path = Path(__file__).resolve().parents[1] / "wheels" / "check_kernel.py"
+    spec = importlib.util.spec_from_file_location("flashspec_check_kernel", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (dim, heads, kv heads, head size, feed-forward, layers): GQA with the AVX-512 score loop's
+# head sizes (16, 64), one kv head for all, and a head size it leaves to the portable loop (8).
+SHAPES = [(64, 4, 2, 16, 96, 2), (128, 2, 1, 64, 64, 1), (64, 4, 2, 8, 64, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_step_matches_a_float64_reference_on_every_backend(
+    shape: tuple[int, ...], every_backend: list[str]
+) -> None:
+    """Random layers, a cache holding random past positions, random rotary tables: steps of 1,
+    3, 17 (two kernel passes) and 40 positions after 0 and 5 cached ones, against the float64
+    decoder of wheels/check_kernel.py, which shares no code with the C step."""
+    ck = _check_kernel()
+    dim, heads, kv_heads, hd, ffn, count = shape
+    rng = np.random.default_rng(7)
+    k = quant_ops.kernels()
+    for qtype in (8, 3):
+        layers, dense = ck.decoder_case(rng, qtype, shape)
+        plan = k.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, ck.DECODER_EPS, hd**-0.5)
+        for backend in every_backend:
+            k.set_backend(backend)
+            for m, past in ((1, 0), (1, 5), (3, 5), (17, 0), (40, 5)):
+                kv = (0.5 * rng.standard_normal((count, 2, kv_heads, 48, hd))).astype(np.float32)
+                hidden = rng.standard_normal((m, dim)).astype(np.float32)
+                angles = rng.uniform(0.0, 6.0, (m, hd)).astype(np.float32)
+                cos, sin = np.cos(angles), np.sin(angles)
+                want_h, want_kv = ck.decoder_reference(
+                    dense, hidden, cos, sin, kv, past, heads, ck.DECODER_EPS, hd**-0.5
+                )
+                got_h, got_kv = hidden.copy(), kv.copy()
+                k.decoder_step(plan, got_h, cos, sin, got_kv, past)
+                where = f"{backend} qtype {qtype} m={m} past={past}"
+                assert np.abs(got_h - want_h).max() <= 1e-4 * np.abs(want_h).max(), where
+                assert np.abs(got_kv - want_kv).max() <= 1e-4 * np.abs(want_kv).max(), where

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -128,10 +129,14 @@ def check_quant(ck: Checker, want_asm: bool, rng: np.random.Generator) -> None:
     feats = Q.cpu_features()
     print(f"flashspec._quant backends: {avail}; in use: {Q.backend()}")
     if want_asm:
-        ck.check(not (feats["avx2"] and feats["fma"] and feats["f16c"]) or "avx2" in avail,
-                 "CPU supports AVX2+FMA+F16C but the quantized avx2 backend is missing")
-        ck.check(not feats["avx512f"] or "avx512" in avail,
-                 "CPU supports AVX-512F but the quantized avx512 backend is missing")
+        ck.check(
+            not (feats["avx2"] and feats["fma"] and feats["f16c"]) or "avx2" in avail,
+            "CPU supports AVX2+FMA+F16C but the quantized avx2 backend is missing",
+        )
+        ck.check(
+            not feats["avx512f"] or "avx512" in avail,
+            "CPU supports AVX-512F but the quantized avx512 backend is missing",
+        )
     start = Q.backend()
     try:
         for name in avail:
@@ -145,10 +150,131 @@ def check_quant(ck: Checker, want_asm: bool, rng: np.random.Generator) -> None:
                     got = Q.qmatmul(x, blocks, qtype, n, k)
                     scale = np.abs(x).astype(np.float64) @ np.abs(weights).T
                     err = float(np.max(np.abs(got - ref) / (scale + 1e-30)))
-                    ck.check(err < 1e-5, f"_quant[{name}] qtype {qtype} m={m} n={n} k={k}: "
-                             f"relative error {err:.2e}")
+                    ck.check(
+                        err < 1e-5,
+                        f"_quant[{name}] qtype {qtype} m={m} n={n} k={k}: relative error {err:.2e}",
+                    )
+            if hasattr(Q, "decoder_step"):
+                check_decoder(ck, Q, name, rng)
+            else:
+                ck.check(False, "flashspec._quant has no decoder_step (built from old sources?)")
     finally:
         Q.set_backend(start)
+
+
+# The shape of the decoder checked: (dim, heads, kv heads, head size, feed-forward, layers).
+DECODER_SHAPE = (64, 4, 2, 16, 96, 2)
+DECODER_EPS = 1e-5
+
+
+def decoder_case(
+    rng: np.random.Generator, qtype: int, shape: tuple[int, ...] = DECODER_SHAPE
+) -> tuple[list[tuple[Any, ...]], list[dict[str, F64]]]:
+    """Random layers for ``decoder_plan`` (blocks of ``qtype``) and the same layers as float64
+    weights for ``decoder_reference``."""
+    dim, heads, kv_heads, hd, ffn, count = shape
+    sizes = {
+        "q": (heads * hd, dim),
+        "k": (kv_heads * hd, dim),
+        "v": (kv_heads * hd, dim),
+        "o": (dim, heads * hd),
+        "gate": (ffn, dim),
+        "up": (ffn, dim),
+        "down": (dim, ffn),
+    }
+    plan, dense = [], []
+    for _ in range(count):
+        norms = [(1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32) for _ in range(2)]
+        row: list[Any] = list(norms)
+        weights: dict[str, F64] = {
+            "in_norm": norms[0].astype(np.float64),
+            "post_norm": norms[1].astype(np.float64),
+        }
+        for name, (n, k) in sizes.items():
+            blocks = quant_blocks(qtype, n, k, rng)
+            row += [blocks, qtype]
+            weights[name] = quant_reference(blocks, qtype, k)
+        plan.append(tuple(row))
+        dense.append(weights)
+    return plan, dense
+
+
+def decoder_reference(
+    layers: list[dict[str, F64]],
+    hidden: F32,
+    cos: F32,
+    sin: F32,
+    kv: F32,
+    past: int,
+    heads: int,
+    eps: float,
+    scaling: float,
+) -> tuple[F64, F64]:
+    """A Llama decoder step in float64 (the contract of ext/quant_step.h): the hidden states
+    after every layer and the cache with positions past .. past + m - 1 written."""
+    h = hidden.astype(np.float64)
+    cache = kv.astype(np.float64)
+    m, hd = cos.shape
+    kv_heads = cache.shape[2]
+    c, s = cos.astype(np.float64)[:, None], sin.astype(np.float64)[:, None]
+
+    def rms(x: F64, w: F64) -> F64:
+        return w * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
+
+    def rope(x: F64) -> F64:
+        rotated = np.concatenate([-x[..., hd // 2 :], x[..., : hd // 2]], axis=-1)
+        return x * c + rotated * s
+
+    for index, w in enumerate(layers):
+        x = rms(h, w["in_norm"])
+        q = rope((x @ w["q"].T).reshape(m, heads, hd))
+        cache[index, 0, :, past : past + m] = rope(
+            (x @ w["k"].T).reshape(m, kv_heads, hd)
+        ).transpose(1, 0, 2)
+        cache[index, 1, :, past : past + m] = (
+            (x @ w["v"].T).reshape(m, kv_heads, hd).transpose(1, 0, 2)
+        )
+        out = np.empty((m, heads, hd))
+        for i in range(m):
+            for head in range(heads):
+                group = head // (heads // kv_heads)
+                keys = cache[index, 0, group, : past + i + 1]
+                values = cache[index, 1, group, : past + i + 1]
+                scores = keys @ q[i, head] * scaling
+                p = np.exp(scores - scores.max())
+                out[i, head] = (p / p.sum()) @ values
+        h = h + out.reshape(m, -1) @ w["o"].T
+        x = rms(h, w["post_norm"])
+        gate, up = x @ w["gate"].T, x @ w["up"].T
+        h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w["down"].T
+    return h, cache
+
+
+def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generator) -> None:
+    """``decoder_step`` of backend ``name`` against ``decoder_reference``: a step of 1 and of 7
+    positions after 5 cached ones, Q8_0 and Q4_1 layers."""
+    dim, heads, kv_heads, hd, ffn, count = DECODER_SHAPE
+    scaling = hd**-0.5
+    for qtype in (8, 3):
+        layers, dense = decoder_case(rng, qtype)
+        plan = Q.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, DECODER_EPS, scaling)
+        for m, past in ((1, 5), (7, 5)):
+            kv = (0.5 * rng.standard_normal((count, 2, kv_heads, 16, hd))).astype(np.float32)
+            hidden = rng.standard_normal((m, dim)).astype(np.float32)
+            angles = rng.uniform(0.0, 6.0, (m, hd)).astype(np.float32)
+            cos, sin = np.cos(angles), np.sin(angles)
+            want_h, want_kv = decoder_reference(
+                dense, hidden, cos, sin, kv, past, heads, DECODER_EPS, scaling
+            )
+            got_h, got_kv = hidden.copy(), kv.copy()
+            Q.decoder_step(plan, got_h, cos, sin, got_kv, past)
+            err_h = float(np.abs(got_h - want_h).max() / np.abs(want_h).max())
+            err_kv = float(np.abs(got_kv - want_kv).max() / np.abs(want_kv).max())
+            ck.check(
+                err_h < 1e-4 and err_kv < 1e-4,
+                f"_quant[{name}] decoder_step qtype {qtype} m={m} past={past}: relative "
+                f"error {err_h:.2e} (hidden), {err_kv:.2e} (cache)",
+            )
 
 
 def ref_dist(p: F32, q: F32) -> F64:
