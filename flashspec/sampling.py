@@ -80,13 +80,8 @@ class Warper:
             x = x.masked_fill(x < _kth_largest(x, self.top_k), float("-inf"))
         if self.top_p < 1.0:
             # Drop the low tail whose total mass stays within 1 - top_p (a prefix of the
-            # ascending order); the most likely token always survives. Only the sorted values
-            # are needed: the tokens kept are those at or above the first value kept.
-            ascending = _sorted_values(x)
-            tail_mass = ascending.softmax(dim=-1).cumsum(dim=-1)
-            dropped = (tail_mass <= 1.0 - self.top_p).sum(dim=-1, keepdim=True)
-            threshold = ascending.gather(-1, dropped.clamp_max(vocab - 1))
-            x = x.masked_fill(x < threshold, float("-inf"))
+            # ascending order); the most likely token always survives.
+            x = x.masked_fill(x < _top_p_threshold(x, self.top_p), float("-inf"))
         return x
 
     @spanned("warp")
@@ -139,6 +134,58 @@ def _sorted_values(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu":
         return torch.from_numpy(np.sort(x.detach().numpy(), axis=-1))
     return torch.sort(x, dim=-1).values
+
+
+def _top_p_threshold_sorted(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The first value top-p keeps in each row, shape (..., 1), by HF's computation: the
+    softmax of the ascending row, its running sum, the tail within 1 - top_p dropped. Only
+    the sorted values are needed: the tokens kept are those at or above that value."""
+    ascending = _sorted_values(x)
+    tail_mass = ascending.softmax(dim=-1).cumsum(dim=-1)
+    dropped = (tail_mass <= 1.0 - top_p).sum(dim=-1, keepdim=True)
+    return ascending.gather(-1, dropped.clamp_max(x.shape[-1] - 1))
+
+
+TOP_P_PARTIAL_VOCAB = 4096
+"""From this vocabulary size a CPU row's top-p cut sorts only the tokens that can be kept."""
+
+
+def _top_p_threshold(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``_top_p_threshold_sorted`` without sorting the whole vocabulary, on the CPU.
+
+    A token whose probability is at most (1 - top_p) / V is always dropped: all such tokens
+    together weigh at most 1 - top_p, and they are the lowest logits (probability is
+    increasing in the logit), so they are a prefix of the ascending order that the tail
+    contains. Only the others are sorted, their running sum starting from the mass of the
+    dropped ones: a 49k-token vocabulary keeps a few hundred candidates, and the sort of the
+    whole row was most of a sampled round's warping. The cut is the same set up to float
+    rounding of the running sum (float64 here, float32 in HF's); a row whose candidates are
+    many falls back to the full sort.
+    """
+    vocab = x.shape[-1]
+    if x.device.type != "cpu" or vocab < TOP_P_PARTIAL_VOCAB:
+        return _top_p_threshold_sorted(x, top_p)
+    flat = x.detach().reshape(-1, vocab).contiguous()
+    values = flat.numpy()
+    probs = flat.softmax(dim=-1).numpy()
+    bound = (1.0 - top_p) / vocab
+    limit = np.float32(1.0 - top_p)
+    out = np.empty((flat.shape[0], 1), dtype=np.float32)
+    for row in range(flat.shape[0]):
+        candidate = probs[row] > bound
+        count = int(np.count_nonzero(candidate))
+        if count > vocab // 8:
+            out[row] = _top_p_threshold_sorted(flat[row : row + 1], top_p).numpy()[0]
+            continue
+        order = np.argsort(values[row][candidate], kind="stable")
+        kept_values = values[row][candidate][order]
+        tail = probs[row][~candidate].sum(dtype=np.float64)
+        running = (tail + np.cumsum(probs[row][candidate][order], dtype=np.float64)).astype(
+            np.float32
+        )
+        dropped = int(np.count_nonzero(running <= limit))
+        out[row] = kept_values[min(dropped, count - 1)]
+    return torch.from_numpy(out).reshape(*x.shape[:-1], 1)
 
 
 def _kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:

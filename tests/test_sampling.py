@@ -249,3 +249,28 @@ def test_engine_at_a_tiny_temperature_gives_the_greedy_output() -> None:
         )
         assert sampled.tokens == greedy.tokens, temperature
         assert sampled.stats.accepted > 0
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95, 0.999])
+def test_top_p_sorts_only_its_candidates_and_keeps_hfs_cut(top_p: float) -> None:
+    """On a large vocabulary the CPU cut sorts only tokens that can be kept; the kept set must
+    be HF's TopPLogitsWarper's on peaked rows (few candidates), flat rows (the full-sort
+    fallback) and rows with top-k's -inf, 49,152 tokens as SmolLM2's."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from flashspec.sampling import TOP_P_PARTIAL_VOCAB, _top_p_threshold
+
+    generator = torch.Generator().manual_seed(3)
+    vocab = 49152
+    assert vocab >= TOP_P_PARTIAL_VOCAB
+    peaked = torch.randn((6, vocab), generator=generator) * 6
+    flat = torch.randn((2, vocab), generator=generator) * 0.05
+    masked = peaked[:2].clone()
+    masked[:, ::3] = float("-inf")
+    logits = torch.cat([peaked, flat, masked])
+    want = TopPLogitsWarper(top_p)(torch.zeros((logits.shape[0], 1), dtype=torch.long), logits)
+    got = logits.masked_fill(logits < _top_p_threshold(logits, top_p), float("-inf"))
+    assert torch.equal(got > float("-inf"), want > float("-inf"))
+    kept = (got > float("-inf")).sum(-1)
+    if top_p <= 0.95:  # both roads taken: few candidates, and the fallback
+        assert int(kept[:6].max()) < vocab // 8 < int(kept[6:8].min())
