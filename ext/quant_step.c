@@ -90,6 +90,11 @@ INLINE void rope(float *x, const float *c, const float *s, size_t hd) {
 typedef float (*score_fn)(const float *q, const float *keys, size_t n, size_t hd,
                           float scaling, float *scores);
 
+/* A GQA group's attention at once (q, out: G rows of hd; scores: G * n floats); returns 0
+ * when it does not take this shape (the caller then goes head by head). */
+typedef int (*group_fn)(const float *q, size_t G, const float *keys, const float *values,
+                        size_t n, size_t hd, float scaling, float *scores, float *out);
+
 static float scores_portable(const float *q, const float *keys, size_t n, size_t hd,
                              float scaling, float *scores) {
     float top = -INFINITY;
@@ -120,8 +125,8 @@ __attribute__((target("avx512f"))) static float scores_avx512(const float *q, co
         for (size_t e = 0; e < hd; e += LANES) {
             __m512 qe = _mm512_loadu_ps(q + e);
             for (int t = 0; t < KEYS_AT_ONCE; t++)
-                acc[t] = _mm512_add_ps(
-                    acc[t], _mm512_mul_ps(qe, _mm512_loadu_ps(keys + (j + (size_t)t) * hd + e)));
+                acc[t] = _mm512_fmadd_ps(qe, _mm512_loadu_ps(keys + (j + (size_t)t) * hd + e),
+                                         acc[t]);
         }
         for (int t = 0; t < KEYS_AT_ONCE; t++) {
             float s = _mm512_reduce_add_ps(acc[t]) * scaling;
@@ -132,13 +137,98 @@ __attribute__((target("avx512f"))) static float scores_avx512(const float *q, co
     for (; j < n; j++) {
         __m512 acc = _mm512_setzero_ps();
         for (size_t e = 0; e < hd; e += LANES)
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + e),
-                                                   _mm512_loadu_ps(keys + j * hd + e)));
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(keys + j * hd + e),
+                                  acc);
         float s = _mm512_reduce_add_ps(acc) * scaling;
         scores[j] = s;
         if (s > top) top = s;
     }
     return top;
+}
+
+/* Query heads sharing one kv head that the grouped path takes at once (GQA groups). */
+#define GROUP_MAX 8
+/* zmm of value columns a pass of the grouped weighted sum keeps per head (64 columns). */
+#define GROUP_COLS 4
+
+/* A GQA group's attention in one pass over its kv head: the G query heads (q, out: G rows
+ * of hd) read each key and each value once between them instead of once each, which is the
+ * cache's traffic divided by G on a long context. G and C (zmm of columns a pass) are
+ * constants where it is inlined, so the sums stay in registers. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+group_body(const float *q, const size_t G, const size_t C, const float *keys,
+           const float *values, size_t n, size_t hd, float scaling, float *scores, float *out) {
+    float top[GROUP_MAX], inv[GROUP_MAX];
+    for (size_t h = 0; h < G; h++) top[h] = -INFINITY;
+    for (size_t j = 0; j < n; j++) {
+        __m512 acc[GROUP_MAX];
+        for (size_t h = 0; h < G; h++) acc[h] = _mm512_setzero_ps();
+        for (size_t e = 0; e < hd; e += LANES) {
+            __m512 k = _mm512_loadu_ps(keys + j * hd + e);
+            for (size_t h = 0; h < G; h++)
+                acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hd + e), k, acc[h]);
+        }
+        for (size_t h = 0; h < G; h++) {
+            float s = _mm512_reduce_add_ps(acc[h]) * scaling;
+            scores[h * n + j] = s;
+            if (s > top[h]) top[h] = s;
+        }
+    }
+    for (size_t h = 0; h < G; h++) {
+        float *row = scores + h * n;
+        for (size_t j = 0; j < n; j++) row[j] = fast_exp(row[j] - top[h]);
+        float lanes[LANES] = {0};
+        size_t k = 0;
+        for (; k + LANES <= n; k += LANES)
+            for (int l = 0; l < LANES; l++) lanes[l] += row[k + l];
+        for (; k < n; k++) lanes[k % LANES] += row[k];
+        inv[h] = 1.0f / fold(lanes);
+    }
+    for (size_t e0 = 0; e0 < hd; e0 += C * LANES) {
+        __m512 acc[GROUP_MAX][GROUP_COLS];
+        for (size_t h = 0; h < G; h++)
+            for (size_t c = 0; c < C; c++) acc[h][c] = _mm512_setzero_ps();
+        for (size_t j = 0; j < n; j++) {
+            __m512 v[GROUP_COLS];
+            for (size_t c = 0; c < C; c++) v[c] = _mm512_loadu_ps(values + j * hd + e0 + c * LANES);
+            for (size_t h = 0; h < G; h++) {
+                __m512 p = _mm512_set1_ps(scores[h * n + j]);
+                for (size_t c = 0; c < C; c++) acc[h][c] = _mm512_fmadd_ps(p, v[c], acc[h][c]);
+            }
+        }
+        for (size_t h = 0; h < G; h++)
+            for (size_t c = 0; c < C; c++)
+                _mm512_storeu_ps(out + h * hd + e0 + c * LANES,
+                                 _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inv[h])));
+    }
+}
+
+/* group_body for G query heads (2..GROUP_MAX) and hd a multiple of 16; 0: not taken. */
+__attribute__((target("avx512f"))) static int group_avx512(const float *q, size_t G,
+                                                           const float *keys,
+                                                           const float *values, size_t n,
+                                                           size_t hd, float scaling,
+                                                           float *scores, float *out) {
+    if (hd % LANES != 0 || G < 2 || G > GROUP_MAX) return 0;
+    const int wide = hd % (GROUP_COLS * LANES) == 0 && G <= 4;
+#define GROUP_CASE(g)                                                                       \
+    case g:                                                                                 \
+        if (wide)                                                                           \
+            group_body(q, g, GROUP_COLS, keys, values, n, hd, scaling, scores, out);        \
+        else                                                                                \
+            group_body(q, g, 1, keys, values, n, hd, scaling, scores, out);                 \
+        return 1;
+    switch (G) {
+        GROUP_CASE(2)
+        GROUP_CASE(3)
+        GROUP_CASE(4)
+        GROUP_CASE(5)
+        GROUP_CASE(6)
+        GROUP_CASE(7)
+        GROUP_CASE(8)
+    }
+#undef GROUP_CASE
+    return 0;
 }
 #endif
 
@@ -149,12 +239,14 @@ __attribute__((target("avx512f"))) static float scores_avx512(const float *q, co
 INLINE void attend(const float *q, const float *keys, const float *values, size_t n, size_t hd,
                    float scaling, float *scores, float *out, score_fn score) {
     float top = score(q, keys, n, hd, scaling, scores);
-    float total = 0.0f;
-    for (size_t j = 0; j < n; j++) {
-        scores[j] = fast_exp(scores[j] - top);
-        total += scores[j];
-    }
-    float inv = 1.0f / total;
+    /* exp alone in its loop (it vectorizes), then the total in LANES partial sums. */
+    for (size_t j = 0; j < n; j++) scores[j] = fast_exp(scores[j] - top);
+    float lanes[LANES] = {0};
+    size_t k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; l++) lanes[l] += scores[k + l];
+    for (; k < n; k++) lanes[k % LANES] += scores[k];
+    float inv = 1.0f / fold(lanes);
     /* Two interleaved sums over the keys (even, odd), OUT_COLS columns a pass: independent
      * chains of adds that stay in registers. */
     for (size_t e0 = 0; e0 < hd; e0 += OUT_COLS) {
@@ -181,7 +273,9 @@ INLINE float silu(float x) { return x / (1.0f + fast_exp(-x)); }
 
 size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t parts) {
     size_t qdim = d->heads * d->head_dim, kvdim = d->kv_heads * d->head_dim;
-    return m * (2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) + keys * (parts ? parts : 1);
+    size_t group = d->heads / d->kv_heads; /* a part's scores: one row a head of its group */
+    return m * (2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) +
+           keys * group * (parts ? parts : 1);
 }
 
 /* One layer's attention for m rows: (row, head) pairs shared out over the parts. */
@@ -191,15 +285,30 @@ typedef struct {
     float *att, *scores;            /* att [m, qdim]; scores: a row of keys floats a part */
     size_t m, past, cap, keys_per_part;
     score_fn score;
+    group_fn group; /* NULL: head by head */
 } attn_job;
 
 /* Pairs dealt round robin: in a prefill, later rows see more keys, and each part gets some
- * of every length. */
+ * of every length. With a group function the pairs are (row, kv head), its query heads at
+ * once; a shape it does not take goes head by head. */
 INLINE void attn_body(void *arg, size_t part, size_t parts) {
     const attn_job *a = (const attn_job *)arg;
     const fs_decoder *d = a->d;
     const size_t hd = d->head_dim, qdim = d->heads * hd, group = d->heads / d->kv_heads;
     float *scores = a->scores + part * a->keys_per_part;
+    if (a->group != NULL && group > 1) {
+        for (size_t p = part; p < a->m * d->kv_heads; p += parts) {
+            size_t i = p / d->kv_heads, g = p % d->kv_heads, n = a->past + i + 1;
+            const float *q = a->q + i * qdim + g * group * hd;
+            const float *keys = a->keys + g * a->cap * hd, *values = a->values + g * a->cap * hd;
+            float *out = a->att + i * qdim + g * group * hd;
+            if (a->group(q, group, keys, values, n, hd, d->scaling, scores, out)) continue;
+            for (size_t h = 0; h < group; h++)
+                attend(q + h * hd, keys, values, n, hd, d->scaling, scores, out + h * hd,
+                       a->score);
+        }
+        return;
+    }
     for (size_t p = part; p < a->m * d->heads; p += parts) {
         size_t i = p / d->heads, h = p % d->heads, g = h / group;
         attend(a->q + i * qdim + h * hd, a->keys + g * a->cap * hd, a->values + g * a->cap * hd,
@@ -211,7 +320,8 @@ static void attn_baseline(void *arg, size_t part, size_t parts) { attn_body(arg,
 
 INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float *cos,
                       const float *sin, float *kv, size_t cap, size_t past, float *scratch,
-                      const fs_step_env *env, score_fn score, fs_part_fn attn_part) {
+                      const fs_step_env *env, score_fn score, fs_part_fn attn_part,
+                      group_fn group_attend) {
     const fs_products_fn products = env->products;
     void *const ctx = env->ctx;
     const size_t dim = d->dim, hd = d->head_dim, ffn = d->ffn;
@@ -225,7 +335,8 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
     float *delta = att + m * qdim; /* [m, dim] a block's output before the residual */
     float *gate = delta + m * dim; /* [m, ffn] */
     float *up = gate + m * ffn;    /* [m, ffn] */
-    float *scores = up + m * ffn;  /* [max_parts, past + m] */
+    float *scores = up + m * ffn;  /* [max_parts, group, past + m] */
+    const size_t group = d->heads / d->kv_heads;
     /* multiply-adds of one layer's attention: scores and weighted sum */
     const double attn_work = 2.0 * (double)m * (double)d->heads * (double)(past + m) * (double)hd;
 
@@ -249,7 +360,8 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
                        hd * sizeof(float));
             }
         }
-        attn_job job = {d, q, keys, values, att, scores, m, past, cap, past + m, score};
+        attn_job job = {d,   q, keys, values,          att,   scores,
+                        m,   past, cap, (past + m) * group, score, group_attend};
         env->parallel(ctx, attn_part, &job, attn_work);
         const fs_qweight *o[1] = {&L->o};
         products(ctx, 1, o, att, m, &delta);
@@ -271,7 +383,9 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float 
     const fs_decoder *d, float *hidden, size_t m, const float *cos, const float *sin,      \
         float *kv, size_t cap, size_t past, float *scratch, const fs_step_env *env
 #define STEP_CALL(score, attn) \
-    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, env, score, attn)
+    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, env, score, attn, NULL)
+#define STEP_CALL_GROUPED(score, attn, grouped) \
+    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, env, score, attn, grouped)
 
 static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable, attn_baseline); }
 
@@ -287,7 +401,7 @@ __attribute__((target("avx2"))) static void step_avx2(STEP_ARGS) {
     STEP_CALL(scores_portable, attn_avx2);
 }
 __attribute__((target("avx512f"))) static void step_avx512(STEP_ARGS) {
-    STEP_CALL(scores_avx512, attn_avx512);
+    STEP_CALL_GROUPED(scores_avx512, attn_avx512, group_avx512);
 }
 #endif
 

@@ -365,9 +365,18 @@ def _check_kernel() -> Any:
     return module
 
 
-# (dim, heads, kv heads, head size, feed-forward, layers): GQA with the AVX-512 score loop's
-# head sizes (16, 64), one kv head for all, and a head size it leaves to the portable loop (8).
-SHAPES = [(64, 4, 2, 16, 96, 2), (128, 2, 1, 64, 64, 1), (64, 4, 2, 8, 64, 1)]
+# (dim, heads, kv heads, head size, feed-forward, layers): query heads per kv head 2, 3
+# (SmolLM2's), 5 and 9 (past the grouped AVX-512 path's 8: head by head), head sizes 16, 32
+# and 64 (the grouped path's 64 columns a pass), and 8, which AVX-512 leaves to the portable
+# loops.
+SHAPES = [
+    (64, 4, 2, 16, 96, 2),
+    (128, 2, 1, 64, 64, 1),
+    (64, 4, 2, 8, 64, 1),
+    (192, 3, 1, 64, 64, 1),
+    (160, 5, 1, 32, 64, 1),
+    (288, 9, 1, 32, 64, 1),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
