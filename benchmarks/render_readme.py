@@ -1002,14 +1002,24 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
     steps = data.get("step_costs")
     if steps:
         fused, plain = steps["ms"]["fused"], steps["ms"]["per_operation"]
+        contexts = steps.get("contexts", [steps["context"]])
         rows = [["forward", "fused C step ms (x 1 row)", "per-operation ms", "fused speedup"]]
-        keys = [k for k in fused if k != "prefill"]
-        for key in [*keys, "prefill"]:
-            label = f"prefill of {steps['context']}" if key == "prefill" else f"{key} rows"
-            scale = "" if key == "prefill" else f" ({fused[key] / fused['1']:.2f}x)"
-            rows.append([label, f"{fused[key]:.2f}{scale}", f"{plain[key]:.2f}",
-                         f"{plain[key] / fused[key]:.2f}x"])  # fmt: skip
-        lines += ["", f"One target forward after a {steps['context']}-token prompt (median of "
+        for context in contexts:
+            keys = [k for k in fused if k.startswith(f"{context}:")] or [
+                k for k in fused if k != "prefill" and ":" not in k
+            ]
+            one = keys[0]
+            for key in keys:
+                rows_count = key.split(":")[-1]
+                rows.append([
+                    f"{rows_count} rows after {context}", f"{fused[key]:.2f} "
+                    f"({fused[key] / fused[one]:.2f}x)", f"{plain[key]:.2f}",
+                    f"{plain[key] / fused[key]:.2f}x",
+                ])  # fmt: skip
+        prefill = fused["prefill"], plain["prefill"]
+        rows.append([f"prefill of {steps['context']}", f"{prefill[0]:.2f}",
+                     f"{prefill[1]:.2f}", f"{prefill[1] / prefill[0]:.2f}x"])  # fmt: skip
+        lines += ["", "One target forward after a prompt of the given length (median of "
                   f"{steps['repeats']}, the two forwards interleaved; the prefill from an empty "
                   "cache):", ""]  # fmt: skip
         lines += _markdown(rows)

@@ -19,7 +19,8 @@ Greedy rows of flashspec are checked against ``hf_fp32`` (transformers' dequanti
 the tie rule (``flashspec._greedy``); llama.cpp's against it too (it quantizes activations, so
 its text may differ). Resident memory after loading each method's model is measured in a fresh
 process (``--rss METHOD``). Then the cost of one target forward of 1..5 rows (a step, a
-verification) and of a prompt's prefill, with the fused C decoder step and without it.
+verification) after 150 and 1,000 tokens, and of a prompt's prefill, with the fused C decoder
+step and without it.
 Writes ``benchmarks/results/smollm2-quant.json``: machine, versions, git sha, per-request
 records, per workload and method the medians of tokens/s and of the ratio to llama.cpp plain
 and to HF fp32. Not a test: numbers depend on load.
@@ -224,15 +225,16 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 STEP_ROWS = (1, 2, 3, 4, 5)
-STEP_CONTEXT = 150
+STEP_CONTEXTS = (150, 1000)
 STEP_REPEATS = 15
 
 
 @torch.inference_mode()
 def step_costs(engine: Any) -> dict[str, Any]:
-    """Median ms of one target forward of m rows after a ``STEP_CONTEXT``-token prompt, and of
-    that prompt's prefill: the fused C decoder step (``flashspec.quant.decoder``) against the
-    per-operation forward (the plan taken away), interleaved call by call."""
+    """Median ms of one target forward of m rows after a prompt of each of ``STEP_CONTEXTS``
+    tokens, and of the first prompt's prefill: the fused C decoder step
+    (``flashspec.quant.decoder``) against the per-operation forward (the plan taken away),
+    interleaved call by call."""
     from flashspec.quant.decoder import fused_of
 
     target = engine.target
@@ -240,28 +242,32 @@ def step_costs(engine: Any) -> dict[str, Any]:
     fused = fused_of(inner)
     padding = Padding(torch.zeros(1, dtype=torch.int64))
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, 40000, (1, STEP_CONTEXT), generator=generator)
+    prompts = {c: torch.randint(100, 40000, (1, c), generator=generator) for c in STEP_CONTEXTS}
     modes = {"fused": fused, "per_operation": None}
     times: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     for _ in range(STEP_REPEATS):
-        for mode, plan in modes.items():
-            if plan is None:
-                inner.__dict__.pop("_flashspec_fused", None)
-            else:
-                inner.__dict__["_flashspec_fused"] = plan
-            target.reset()
-            start = time.perf_counter()
-            target.forward(prompt, padding, 1)
-            times[mode].setdefault("prefill", []).append(time.perf_counter() - start)
-            for m in STEP_ROWS:
-                ids = torch.randint(100, 40000, (1, m), generator=generator)
+        for context, prompt in prompts.items():
+            for mode, plan in modes.items():
+                if plan is None:
+                    inner.__dict__.pop("_flashspec_fused", None)
+                else:
+                    inner.__dict__["_flashspec_fused"] = plan
+                target.reset()
                 start = time.perf_counter()
-                target.forward(ids, padding, m)
-                times[mode].setdefault(str(m), []).append(time.perf_counter() - start)
-                target.rollback(STEP_CONTEXT)
+                target.forward(prompt, padding, 1)
+                if context == STEP_CONTEXTS[0]:
+                    times[mode].setdefault("prefill", []).append(time.perf_counter() - start)
+                for m in STEP_ROWS:
+                    ids = torch.randint(100, 40000, (1, m), generator=generator)
+                    start = time.perf_counter()
+                    target.forward(ids, padding, m)
+                    key = f"{context}:{m}"
+                    times[mode].setdefault(key, []).append(time.perf_counter() - start)
+                    target.rollback(context)
     inner.__dict__["_flashspec_fused"] = fused
     return {
-        "context": STEP_CONTEXT,
+        "context": STEP_CONTEXTS[0],
+        "contexts": list(STEP_CONTEXTS),
         "repeats": STEP_REPEATS,
         "ms": {
             mode: {k: round(statistics.median(v) * 1e3, 3) for k, v in rows.items()}
