@@ -67,6 +67,18 @@ INLINE float dot(const float *a, const float *b, size_t n) {
     return fold(acc);
 }
 
+/* scores[j] = exp(scores[j] - top) in place; returns 1 / their sum. exp runs alone in its
+ * loop (it vectorizes), the sum in LANES partial sums. */
+INLINE float exp_scores(float *scores, size_t n, float top) {
+    for (size_t j = 0; j < n; j++) scores[j] = fast_exp(scores[j] - top);
+    float lanes[LANES] = {0};
+    size_t k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; l++) lanes[l] += scores[k + l];
+    for (; k < n; k++) lanes[k % LANES] += scores[k];
+    return 1.0f / fold(lanes);
+}
+
 INLINE float sum_squares(const float *a, size_t n) { return dot(a, a, n); }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)), LlamaRMSNorm's order of operations. */
@@ -174,16 +186,7 @@ group_body(const float *q, const size_t G, const size_t C, const float *keys,
             if (s > top[h]) top[h] = s;
         }
     }
-    for (size_t h = 0; h < G; h++) {
-        float *row = scores + h * n;
-        for (size_t j = 0; j < n; j++) row[j] = fast_exp(row[j] - top[h]);
-        float lanes[LANES] = {0};
-        size_t k = 0;
-        for (; k + LANES <= n; k += LANES)
-            for (int l = 0; l < LANES; l++) lanes[l] += row[k + l];
-        for (; k < n; k++) lanes[k % LANES] += row[k];
-        inv[h] = 1.0f / fold(lanes);
-    }
+    for (size_t h = 0; h < G; h++) inv[h] = exp_scores(scores + h * n, n, top[h]);
     for (size_t e0 = 0; e0 < hd; e0 += C * LANES) {
         __m512 acc[GROUP_MAX][GROUP_COLS];
         for (size_t h = 0; h < G; h++)
@@ -238,15 +241,7 @@ __attribute__((target("avx512f"))) static int group_avx512(const float *q, size_
 /* out[hd] = softmax(q . keys[0..n) * scaling) @ values[0..n); scores: n floats. */
 INLINE void attend(const float *q, const float *keys, const float *values, size_t n, size_t hd,
                    float scaling, float *scores, float *out, score_fn score) {
-    float top = score(q, keys, n, hd, scaling, scores);
-    /* exp alone in its loop (it vectorizes), then the total in LANES partial sums. */
-    for (size_t j = 0; j < n; j++) scores[j] = fast_exp(scores[j] - top);
-    float lanes[LANES] = {0};
-    size_t k = 0;
-    for (; k + LANES <= n; k += LANES)
-        for (int l = 0; l < LANES; l++) lanes[l] += scores[k + l];
-    for (; k < n; k++) lanes[k % LANES] += scores[k];
-    float inv = 1.0f / fold(lanes);
+    float inv = exp_scores(scores, n, score(q, keys, n, hd, scaling, scores));
     /* Two interleaved sums over the keys (even, odd), OUT_COLS columns a pass: independent
      * chains of adds that stay in registers. */
     for (size_t e0 = 0; e0 < hd; e0 += OUT_COLS) {

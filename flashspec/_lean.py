@@ -115,7 +115,7 @@ def lean_forward(
         and (attention_mask is None or _all_attended(attention_mask))
     ):
         # Quantized layers (flashspec.quant.decoder): every layer in one C call.
-        hidden = embeds.contiguous().clone()
+        hidden = embeds.clone(memory_format=torch.contiguous_format)  # written in place
         cos, sin = self.rotary_emb(hidden, position_ids=position_ids)
         if fused.step(cache, hidden, cos, sin):
             return t.result(last_hidden_state=self.norm(hidden), cache=cache)

@@ -136,3 +136,18 @@ def assert_greedy_same(reference: Any, prompt: list[int], got: list[int], want: 
 
 def max_relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max())
+
+
+def exact_first_two(
+    reference: Any, ids: list[int], warp: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 distributions of the first and second sampled token from the dequantized model:
+    p1, and the sum over x of p1(x) p(. | prompt + x); ``warp`` (temperature, top-p: HF's
+    processors in the tests) is applied to the logits first, as sampling does."""
+    warp = warp or (lambda logits: logits)
+    with torch.inference_mode():
+        first = torch.softmax(warp(reference(torch.tensor([ids])).logits[:, -1]).double(), -1)[0]
+        vocab = first.shape[0]
+        extended = torch.tensor([[*ids, x] for x in range(vocab)])
+        second_given = torch.softmax(warp(reference(extended).logits[:, -1]).double(), -1)
+    return first, first @ second_given

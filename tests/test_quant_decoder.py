@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ pytest.importorskip("accelerate")
 
 import numpy as np
 import torch
+from chi2_helpers import assert_first_two_follow
 from gguf_helpers import EOS_ID
 from quant_helpers import (
     LOOKUP_PROMPTS,
@@ -34,6 +36,7 @@ from quant_helpers import (
     RELATIVE,
     Variant,
     every_matrix,
+    exact_first_two,
     hf_greedy,
     make_files,
     max_relative,
@@ -408,3 +411,41 @@ def test_step_matches_a_float64_reference_on_every_backend(
                 where = f"{backend} qtype {qtype} m={m} past={past}"
                 assert np.abs(got_h - want_h).max() <= 1e-4 * np.abs(want_h).max(), where
                 assert np.abs(got_kv - want_kv).max() <= 1e-4 * np.abs(want_kv).max(), where
+
+
+def test_sampled_tokens_through_the_c_step_follow_the_dequantized_model(
+    files: Any, counting: Counting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Speculative sampling one sequence at a time, so every forward (prefill, verification)
+    is the C step: at T = 0.9 with top-p 0.8 (its candidate-only cut, lowered to this tiny
+    vocabulary) the first two tokens follow the dequantized model's distributions warped by
+    HF's own processors (chi-squared, 1%)."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    import flashspec.sampling as sampling
+
+    monkeypatch.setattr(sampling, "TOP_P_PARTIAL_VOCAB", 64)
+    loaded = files(VARIANTS[1])
+    model, _ = loaded.quantized()
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3, temperature=0.9, top_p=0.8))
+    engine = SpeculativeEngine(config, [PromptLookupDrafter()], target)
+    ids = loaded.tokenizer("the dog the dog")["input_ids"]
+    first: Counter[int] = Counter()
+    second: Counter[int] = Counter()
+    for call in range(1200):
+        tokens = engine.generate([ids], max_new_tokens=2, ignore_eos=True, seed=call).tokens[0]
+        first[tokens[0]] += 1
+        second[tokens[1]] += 1
+    assert counting.steps >= 2400  # a prefill and at least one step a call, all in C
+    hf = LogitsProcessorList([TemperatureLogitsWarper(0.9), TopPLogitsWarper(0.8)])
+    dummy = torch.zeros((1, 1), dtype=torch.long)
+    p_first, p_second = exact_first_two(
+        loaded.reference, ids, lambda logits: torch.cat([hf(dummy, row[None]) for row in logits])
+    )
+    assert float(p_first.max()) < 0.8 and int((p_first > 0).sum()) >= 3  # a real choice
+    assert_first_two_follow(first, second, p_first, p_second)

@@ -35,6 +35,7 @@ from quant_helpers import (
     VARIANTS,
     Variant,
     assert_greedy_same,
+    exact_first_two,
     hf_greedy,
     make_files,
     max_relative,
@@ -254,17 +255,6 @@ def chi_squared(counts: Counter[int], p: torch.Tensor, max_cells: int = 20) -> t
     assert 2 <= len(cells) <= len(CHI2_99)
     stat = sum((o - e) ** 2 / e for e, o in cells)
     return stat, CHI2_99[len(cells) - 1]
-
-
-def exact_first_two(reference: Any, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 distributions of the first and second sampled token at temperature 1, from the
-    dequantized model: p1, and the sum over x of p1(x) p(. | prompt + x)."""
-    with torch.inference_mode():
-        first = torch.softmax(reference(torch.tensor([ids])).logits[0, -1].double(), -1)
-        vocab = first.shape[0]
-        extended = torch.tensor([[*ids, x] for x in range(vocab)])
-        second_given = torch.softmax(reference(extended).logits[:, -1].double(), -1)
-    return first, first @ second_given
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K"])

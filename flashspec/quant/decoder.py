@@ -98,8 +98,8 @@ class FusedDecoder:
             return False
         store: _KVStore = cache.__dict__[_STORE_ATTR]
         rows = hidden.view(m, self.dim)
-        cos, sin = cos.reshape(m, self.head_dim).contiguous(), sin.reshape(m, self.head_dim)
-        sin = sin.contiguous()
+        cos = cos.reshape(m, self.head_dim).contiguous()
+        sin = sin.reshape(m, self.head_dim).contiguous()
         step = kernels().decoder_step
         for start in range(0, m, CHUNK_ROWS):  # a long prompt in pieces: bounded scratch
             stop = min(m, start + CHUNK_ROWS)
