@@ -638,11 +638,11 @@ static size_t step_parallel(void *ctx, fs_part_fn body, void *arg, double work) 
 
 static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    static char *kw[] = {"plan", "hidden", "cos", "sin", "kv", "past", NULL};
-    PyObject *plano, *ho, *co, *so, *kvo;
+    static char *kw[] = {"plan", "hidden", "cos", "sin", "kv", "past", "mask", NULL};
+    PyObject *plano, *ho, *co, *so, *kvo, *masko = Py_None;
     Py_ssize_t past;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOn:decoder_step", kw, &plano, &ho, &co,
-                                     &so, &kvo, &past))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOn|O:decoder_step", kw, &plano, &ho,
+                                     &co, &so, &kvo, &past, &masko))
         return NULL;
     if (!PyCapsule_IsValid(plano, PLAN_NAME)) {
         PyErr_SetString(PyExc_TypeError, "plan must come from decoder_plan()");
@@ -650,12 +650,13 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
     }
     const plan_t *p = (const plan_t *)PyCapsule_GetPointer(plano, PLAN_NAME);
     const fs_decoder *d = &p->d;
-    buf_t h = {0}, c = {0}, s = {0}, kv = {0};
+    buf_t h = {0}, c = {0}, s = {0}, kv = {0}, mk = {0};
     PyObject *result = NULL;
     float *scratch = NULL;
     if (acquire(ho, "hidden", 1, &h) < 0 || acquire(co, "cos", 0, &c) < 0 ||
         acquire(so, "sin", 0, &s) < 0 || acquire(kvo, "kv", 1, &kv) < 0)
         goto done;
+    if (masko != Py_None && acquire(masko, "mask", 0, &mk) < 0) goto done;
     const buf_t *all[4] = {&h, &c, &s, &kv};
     const char *names[4] = {"hidden", "cos", "sin", "kv"};
     for (int i = 0; i < 4; i++)
@@ -669,23 +670,38 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
                      d->dim);
         goto done;
     }
-    size_t m = (size_t)h.view.len / row;
-    Py_ssize_t rope_bytes = (Py_ssize_t)(m * d->head_dim * sizeof(float));
+    size_t rows = (size_t)h.view.len / row;
+    Py_ssize_t rope_bytes = (Py_ssize_t)(rows * d->head_dim * sizeof(float));
     if (c.view.len != rope_bytes || s.view.len != rope_bytes) {
-        PyErr_Format(PyExc_ValueError, "cos and sin must hold m x head_dim = %zu x %zu floats",
-                     m, d->head_dim);
+        PyErr_Format(PyExc_ValueError,
+                     "cos and sin must hold a row of head_dim = %zu floats for each of the "
+                     "%zu rows of hidden",
+                     d->head_dim, rows);
         goto done;
     }
-    if (kv.view.ndim != 5 || kv.view.shape[0] != (Py_ssize_t)d->layers || kv.view.shape[1] != 2 ||
-        kv.view.shape[2] != (Py_ssize_t)d->kv_heads ||
-        kv.view.shape[4] != (Py_ssize_t)d->head_dim) {
+    /* (layers, 2, kv_heads, capacity, head_dim): a batch of one; with a batch axis after
+     * the 2, one plane of rows a layer. */
+    const int batched = kv.view.ndim == 6;
+    const Py_ssize_t *ks = kv.view.shape;
+    if ((kv.view.ndim != 5 && !batched) || ks[0] != (Py_ssize_t)d->layers || ks[1] != 2 ||
+        ks[2 + batched] != (Py_ssize_t)d->kv_heads ||
+        ks[4 + batched] != (Py_ssize_t)d->head_dim || (batched && ks[2] < 1)) {
         PyErr_Format(PyExc_ValueError,
                      "kv must have shape (layers, 2, kv_heads, capacity, head_dim) = "
-                     "(%zu, 2, %zu, capacity, %zu)",
+                     "(%zu, 2, %zu, capacity, %zu), or (layers, 2, batch, kv_heads, capacity, "
+                     "head_dim) for a batch",
                      d->layers, d->kv_heads, d->head_dim);
         goto done;
     }
-    size_t cap = (size_t)kv.view.shape[3];
+    size_t batch = batched ? (size_t)ks[2] : 1, cap = (size_t)ks[3 + batched];
+    if (rows % batch != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "hidden's %zu rows must be the batch of %zu rows' positions, the same "
+                     "number each",
+                     rows, batch);
+        goto done;
+    }
+    size_t m = rows / batch;
     if (past < 0 || (size_t)past + m > cap) {
         PyErr_Format(PyExc_ValueError,
                      "past must be >= 0 with past + m <= capacity; got past %zd, m %zu, "
@@ -693,19 +709,35 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
                      past, m, cap);
         goto done;
     }
+    size_t mask_stride = 0;
+    if (mk.held) {
+        if (mk.view.itemsize != 1 || mk.view.ndim != 2 || mk.view.shape[0] != (Py_ssize_t)batch ||
+            mk.view.shape[1] < past + (Py_ssize_t)m) {
+            PyErr_Format(PyExc_ValueError,
+                         "mask must be a (batch, columns) array of bytes (uint8 or bool), "
+                         "batch %zu and columns >= past + m = %zu",
+                         batch, (size_t)past + m);
+            goto done;
+        }
+        mask_stride = (size_t)mk.view.shape[1];
+    }
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 4; j++)
             if ((i == 0 || j == 3) && overlaps(&all[i]->view, &all[j]->view)) {
                 PyErr_Format(PyExc_ValueError, "%s must not overlap %s", names[i], names[j]);
                 goto done;
             }
+    if (mk.held && (overlaps(&mk.view, &h.view) || overlaps(&mk.view, &kv.view))) {
+        PyErr_SetString(PyExc_ValueError, "mask must not overlap hidden or kv");
+        goto done;
+    }
     step_ctx ctx = {g_active, 1};
     int pooled = g_pool.wanted > 1 && !atomic_flag_test_and_set(&g_pool_busy);
     if (pooled) {
         pool_grow();
         ctx.parts = g_pool.started + 1 < g_pool.wanted ? g_pool.started + 1 : g_pool.wanted;
     }
-    scratch = malloc(fs_decoder_scratch(d, m, (size_t)past + m, (size_t)ctx.parts) *
+    scratch = malloc(fs_decoder_scratch(d, rows, (size_t)past + m, (size_t)ctx.parts) *
                      sizeof *scratch);
     if (scratch == NULL) {
         if (pooled) atomic_flag_clear(&g_pool_busy);
@@ -714,9 +746,10 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
     }
     fs_step_env env = {step_products, step_parallel, &ctx, (size_t)ctx.parts};
     Py_BEGIN_ALLOW_THREADS
-    fs_decoder_step(d, (float *)h.view.buf, m, (const float *)c.view.buf,
-                    (const float *)s.view.buf, (float *)kv.view.buf, cap, (size_t)past, scratch,
-                    &env, ctx.backend->step_isa);
+    fs_decoder_step(d, (float *)h.view.buf, batch, m, (const float *)c.view.buf,
+                    (const float *)s.view.buf, (float *)kv.view.buf, cap, (size_t)past,
+                    mk.held ? (const uint8_t *)mk.view.buf : NULL, mask_stride, scratch, &env,
+                    ctx.backend->step_isa);
     Py_END_ALLOW_THREADS
     if (pooled) atomic_flag_clear(&g_pool_busy);
     result = Py_None;
@@ -727,6 +760,7 @@ done:
     release(&c);
     release(&s);
     release(&kv);
+    release(&mk);
     return result;
 }
 
@@ -948,10 +982,12 @@ static PyMethodDef methods[] = {
      "(input norm, post-attention norm, then blocks and qtype of q, k, v, o, gate, up and "
      "down); the plan holds their buffers."},
     {"decoder_step", (PyCFunction)(void (*)(void))py_decoder_step, METH_VARARGS | METH_KEYWORDS,
-     "decoder_step(plan, hidden, cos, sin, kv, past)\n--\n\n"
-     "Every layer of the plan for m new positions, in place: hidden (m, dim) float32 in and "
-     "out; cos, sin (m, head_dim); kv (layers, 2, kv_heads, capacity, head_dim) float32, "
-     "positions past .. past + m - 1 written (quant_step.h)."},
+     "decoder_step(plan, hidden, cos, sin, kv, past, mask=None)\n--\n\n"
+     "Every layer of the plan for m new positions of each row, in place: hidden (batch * m, "
+     "dim) float32 in and out; cos, sin (batch * m, head_dim); kv (layers, 2, kv_heads, "
+     "capacity, head_dim) for one row or (layers, 2, batch, kv_heads, capacity, head_dim) "
+     "float32, columns past .. past + m - 1 written; mask: None or (batch, >= past + m) "
+     "bytes, nonzero where a key column is visible (quant_step.h)."},
     {"formats", py_formats, METH_NOARGS,
      "formats()\n--\n\n{GGML type id: (name, block elements, block bytes)}."},
     {"backend", py_backend, METH_NOARGS, "backend()\n--\n\nThe backend in use."},

@@ -30,9 +30,11 @@
 /* Adding then subtracting 1.5 * 2^23 rounds a float of magnitude < 2^22 to an integer. */
 #define ROUND_MAGIC 12582912.0f
 
-/* e^x to about 1 ulp on [EXP_LO, EXP_HI] (clamped outside): e^x = 2^n e^r, |r| <= ln2 / 2,
- * e^r by its Taylor polynomial to r^6 (remainder below 2^-23 relative). */
+/* e^x to about 1 ulp on [EXP_LO, EXP_HI], 0 below it (a masked score's -inf included), e^EXP_HI
+ * above: e^x = 2^n e^r, |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (remainder below
+ * 2^-23 relative). */
 INLINE float fast_exp(float x) {
+    const float below = x < EXP_LO ? 0.0f : 1.0f;
     x = x < EXP_LO ? EXP_LO : x;
     x = x > EXP_HI ? EXP_HI : x;
     float n = (x * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
@@ -47,7 +49,7 @@ INLINE float fast_exp(float x) {
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return p * scale * below;
 }
 
 /* acc[0] + ... + acc[15] in a fixed order of halvings (registers, no loop). */
@@ -68,8 +70,14 @@ INLINE float dot(const float *a, const float *b, size_t n) {
 }
 
 /* scores[j] = exp(scores[j] - top) in place; returns 1 / their sum. exp runs alone in its
- * loop (it vectorizes), the sum in LANES partial sums. */
+ * loop (it vectorizes), the sum in LANES partial sums. Masked keys hold -inf (their exp is 0);
+ * when every key is masked (top -inf: a dead query column) the weights are 0 and so is the
+ * returned factor, so the query's output is zeros, never NaN. */
 INLINE float exp_scores(float *scores, size_t n, float top) {
+    if (top == -INFINITY) {
+        memset(scores, 0, n * sizeof *scores);
+        return 0.0f;
+    }
     for (size_t j = 0; j < n; j++) scores[j] = fast_exp(scores[j] - top);
     float lanes[LANES] = {0};
     size_t k = 0;
@@ -98,20 +106,27 @@ INLINE void rope(float *x, const float *c, const float *s, size_t hd) {
     }
 }
 
-/* scores[j] = (q . keys[j]) * scaling for j < n; returns the largest. */
-typedef float (*score_fn)(const float *q, const float *keys, size_t n, size_t hd,
-                          float scaling, float *scores);
+/* scores[j] = (q . keys[j]) * scaling for j < n, -inf where mask[j] == 0 (mask NULL: every
+ * key visible); returns the largest (-inf when none is visible). */
+typedef float (*score_fn)(const float *q, const float *keys, const uint8_t *mask, size_t n,
+                          size_t hd, float scaling, float *scores);
 
 /* A GQA group's attention at once (q, out: G rows of hd; scores: G * n floats); returns 0
  * when it does not take this shape (the caller then goes head by head). */
 typedef int (*group_fn)(const float *q, size_t G, const float *keys, const float *values,
-                        size_t n, size_t hd, float scaling, float *scores, float *out);
+                        const uint8_t *mask, size_t n, size_t hd, float scaling, float *scores,
+                        float *out);
 
-static float scores_portable(const float *q, const float *keys, size_t n, size_t hd,
-                             float scaling, float *scores) {
+/* A key's score as the mask leaves it. */
+INLINE float masked(float s, const uint8_t *mask, size_t j) {
+    return mask != NULL && mask[j] == 0 ? -INFINITY : s;
+}
+
+static float scores_portable(const float *q, const float *keys, const uint8_t *mask, size_t n,
+                             size_t hd, float scaling, float *scores) {
     float top = -INFINITY;
     for (size_t j = 0; j < n; j++) {
-        float s = dot(q, keys + j * hd, hd) * scaling;
+        float s = masked(dot(q, keys + j * hd, hd) * scaling, mask, j);
         scores[j] = s;
         if (s > top) top = s;
     }
@@ -126,9 +141,10 @@ static float scores_portable(const float *q, const float *keys, size_t n, size_t
 /* The same with a zmm of partial sums per key, KEYS_AT_ONCE keys in flight, folded in
  * registers (the portable fold of 16 lanes compiles to scalar adds). */
 __attribute__((target("avx512f"))) static float scores_avx512(const float *q, const float *keys,
-                                                              size_t n, size_t hd,
-                                                              float scaling, float *scores) {
-    if (hd % LANES != 0) return scores_portable(q, keys, n, hd, scaling, scores);
+                                                              const uint8_t *mask, size_t n,
+                                                              size_t hd, float scaling,
+                                                              float *scores) {
+    if (hd % LANES != 0) return scores_portable(q, keys, mask, n, hd, scaling, scores);
     float top = -INFINITY;
     size_t j = 0;
     for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
@@ -141,7 +157,7 @@ __attribute__((target("avx512f"))) static float scores_avx512(const float *q, co
                                          acc[t]);
         }
         for (int t = 0; t < KEYS_AT_ONCE; t++) {
-            float s = _mm512_reduce_add_ps(acc[t]) * scaling;
+            float s = masked(_mm512_reduce_add_ps(acc[t]) * scaling, mask, j + (size_t)t);
             scores[j + (size_t)t] = s;
             if (s > top) top = s;
         }
@@ -151,7 +167,7 @@ __attribute__((target("avx512f"))) static float scores_avx512(const float *q, co
         for (size_t e = 0; e < hd; e += LANES)
             acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(keys + j * hd + e),
                                   acc);
-        float s = _mm512_reduce_add_ps(acc) * scaling;
+        float s = masked(_mm512_reduce_add_ps(acc) * scaling, mask, j);
         scores[j] = s;
         if (s > top) top = s;
     }
@@ -169,7 +185,8 @@ __attribute__((target("avx512f"))) static float scores_avx512(const float *q, co
  * constants where it is inlined, so the sums stay in registers. */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
 group_body(const float *q, const size_t G, const size_t C, const float *keys,
-           const float *values, size_t n, size_t hd, float scaling, float *scores, float *out) {
+           const float *values, const uint8_t *mask, size_t n, size_t hd, float scaling,
+           float *scores, float *out) {
     float top[GROUP_MAX], inv[GROUP_MAX];
     for (size_t h = 0; h < G; h++) top[h] = -INFINITY;
     for (size_t j = 0; j < n; j++) {
@@ -181,7 +198,7 @@ group_body(const float *q, const size_t G, const size_t C, const float *keys,
                 acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hd + e), k, acc[h]);
         }
         for (size_t h = 0; h < G; h++) {
-            float s = _mm512_reduce_add_ps(acc[h]) * scaling;
+            float s = masked(_mm512_reduce_add_ps(acc[h]) * scaling, mask, j);
             scores[h * n + j] = s;
             if (s > top[h]) top[h] = s;
         }
@@ -192,6 +209,7 @@ group_body(const float *q, const size_t G, const size_t C, const float *keys,
         for (size_t h = 0; h < G; h++)
             for (size_t c = 0; c < C; c++) acc[h][c] = _mm512_setzero_ps();
         for (size_t j = 0; j < n; j++) {
+            if (mask != NULL && mask[j] == 0) continue; /* weight 0: whatever the slot holds */
             __m512 v[GROUP_COLS];
             for (size_t c = 0; c < C; c++) v[c] = _mm512_loadu_ps(values + j * hd + e0 + c * LANES);
             for (size_t h = 0; h < G; h++) {
@@ -209,7 +227,8 @@ group_body(const float *q, const size_t G, const size_t C, const float *keys,
 /* group_body for G query heads (2..GROUP_MAX) and hd a multiple of 16; 0: not taken. */
 __attribute__((target("avx512f"))) static int group_avx512(const float *q, size_t G,
                                                            const float *keys,
-                                                           const float *values, size_t n,
+                                                           const float *values,
+                                                           const uint8_t *mask, size_t n,
                                                            size_t hd, float scaling,
                                                            float *scores, float *out) {
     if (hd % LANES != 0 || G < 2 || G > GROUP_MAX) return 0;
@@ -217,9 +236,9 @@ __attribute__((target("avx512f"))) static int group_avx512(const float *q, size_
 #define GROUP_CASE(g)                                                                       \
     case g:                                                                                 \
         if (wide)                                                                           \
-            group_body(q, g, GROUP_COLS, keys, values, n, hd, scaling, scores, out);        \
+            group_body(q, g, GROUP_COLS, keys, values, mask, n, hd, scaling, scores, out);  \
         else                                                                                \
-            group_body(q, g, 1, keys, values, n, hd, scaling, scores, out);                 \
+            group_body(q, g, 1, keys, values, mask, n, hd, scaling, scores, out);           \
         return 1;
     switch (G) {
         GROUP_CASE(2)
@@ -238,17 +257,19 @@ __attribute__((target("avx512f"))) static int group_avx512(const float *q, size_
 /* Columns of the values the weighted sum keeps in registers at once (4 zmm). */
 #define OUT_COLS 64
 
-/* out[hd] = softmax(q . keys[0..n) * scaling) @ values[0..n); scores: n floats. */
-INLINE void attend(const float *q, const float *keys, const float *values, size_t n, size_t hd,
-                   float scaling, float *scores, float *out, score_fn score) {
-    float inv = exp_scores(scores, n, score(q, keys, n, hd, scaling, scores));
+/* out[hd] = softmax(q . keys[0..n) * scaling) @ values[0..n) over the keys the mask shows;
+ * scores: n floats. */
+INLINE void attend(const float *q, const float *keys, const float *values, const uint8_t *mask,
+                   size_t n, size_t hd, float scaling, float *scores, float *out,
+                   score_fn score) {
+    float inv = exp_scores(scores, n, score(q, keys, mask, n, hd, scaling, scores));
     /* Two interleaved sums over the keys (even, odd), OUT_COLS columns a pass: independent
      * chains of adds that stay in registers. */
     for (size_t e0 = 0; e0 < hd; e0 += OUT_COLS) {
         size_t w = hd - e0 < OUT_COLS ? hd - e0 : OUT_COLS;
         float even[OUT_COLS] = {0}, odd[OUT_COLS] = {0};
         size_t j = 0;
-        if (w == OUT_COLS) {
+        if (w == OUT_COLS && mask == NULL) {
             for (; j + 2 <= n; j += 2) {
                 const float *v0 = values + j * hd + e0, *v1 = v0 + hd;
                 float p0 = scores[j], p1 = scores[j + 1];
@@ -258,8 +279,10 @@ INLINE void attend(const float *q, const float *keys, const float *values, size_
                 }
             }
         }
-        for (; j < n; j++)
+        for (; j < n; j++) {
+            if (mask != NULL && mask[j] == 0) continue; /* weight 0: whatever the slot holds */
             for (size_t e = 0; e < w; e++) even[e] += scores[j] * values[j * hd + e0 + e];
+        }
         for (size_t e = 0; e < w; e++) out[e0 + e] = (even[e] + odd[e]) * inv;
     }
 }
@@ -273,116 +296,132 @@ size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t par
            keys * group * (parts ? parts : 1);
 }
 
-/* One layer's attention for m rows: (row, head) pairs shared out over the parts. */
+/* One layer's attention for batch x m queries: (query, head) pairs shared out over the parts. */
 typedef struct {
     const fs_decoder *d;
-    const float *q, *keys, *values; /* q [m, qdim]; keys, values: the layer's cache planes */
-    float *att, *scores;            /* att [m, qdim]; scores: a row of keys floats a part */
-    size_t m, past, cap, keys_per_part;
+    const float *q, *keys, *values; /* q [batch * m, qdim]; keys, values: the layer's planes */
+    float *att, *scores;            /* att [batch * m, qdim]; scores: keys_per_part a part */
+    const uint8_t *mask;            /* [batch, mask_stride] visible key columns, or NULL */
+    size_t batch, m, past, cap, keys_per_part, mask_stride;
     score_fn score;
     group_fn group; /* NULL: head by head */
 } attn_job;
 
-/* Pairs dealt round robin: in a prefill, later rows see more keys, and each part gets some
- * of every length. With a group function the pairs are (row, kv head), its query heads at
- * once; a shape it does not take goes head by head. */
+/* Pairs dealt round robin: in a prefill, later positions see more keys, and each part gets
+ * some of every length. With a group function the pairs are (query, kv head), its query heads
+ * at once; a shape it does not take goes head by head. Query i is row i / m's position
+ * i % m: it sees that row's keys 0 .. past + i % m, those its mask row shows. */
 INLINE void attn_body(void *arg, size_t part, size_t parts) {
     const attn_job *a = (const attn_job *)arg;
     const fs_decoder *d = a->d;
     const size_t hd = d->head_dim, qdim = d->heads * hd, group = d->heads / d->kv_heads;
+    const size_t row_plane = d->kv_heads * a->cap * hd; /* one row's keys in a layer */
+    const size_t queries = a->batch * a->m;
     float *scores = a->scores + part * a->keys_per_part;
     if (a->group != NULL && group > 1) {
-        for (size_t p = part; p < a->m * d->kv_heads; p += parts) {
-            size_t i = p / d->kv_heads, g = p % d->kv_heads, n = a->past + i + 1;
+        for (size_t p = part; p < queries * d->kv_heads; p += parts) {
+            size_t i = p / d->kv_heads, g = p % d->kv_heads, b = i / a->m;
+            size_t n = a->past + i % a->m + 1;
+            const uint8_t *mask = a->mask ? a->mask + b * a->mask_stride : NULL;
             const float *q = a->q + i * qdim + g * group * hd;
-            const float *keys = a->keys + g * a->cap * hd, *values = a->values + g * a->cap * hd;
+            size_t at = b * row_plane + g * a->cap * hd;
+            const float *keys = a->keys + at, *values = a->values + at;
             float *out = a->att + i * qdim + g * group * hd;
-            if (a->group(q, group, keys, values, n, hd, d->scaling, scores, out)) continue;
+            if (a->group(q, group, keys, values, mask, n, hd, d->scaling, scores, out)) continue;
             for (size_t h = 0; h < group; h++)
-                attend(q + h * hd, keys, values, n, hd, d->scaling, scores, out + h * hd,
+                attend(q + h * hd, keys, values, mask, n, hd, d->scaling, scores, out + h * hd,
                        a->score);
         }
         return;
     }
-    for (size_t p = part; p < a->m * d->heads; p += parts) {
-        size_t i = p / d->heads, h = p % d->heads, g = h / group;
-        attend(a->q + i * qdim + h * hd, a->keys + g * a->cap * hd, a->values + g * a->cap * hd,
-               a->past + i + 1, hd, d->scaling, scores, a->att + i * qdim + h * hd, a->score);
+    for (size_t p = part; p < queries * d->heads; p += parts) {
+        size_t i = p / d->heads, h = p % d->heads, g = h / group, b = i / a->m;
+        const uint8_t *mask = a->mask ? a->mask + b * a->mask_stride : NULL;
+        size_t at = b * row_plane + g * a->cap * hd;
+        attend(a->q + i * qdim + h * hd, a->keys + at, a->values + at, mask,
+               a->past + i % a->m + 1, hd, d->scaling, scores, a->att + i * qdim + h * hd,
+               a->score);
     }
 }
 
 static void attn_baseline(void *arg, size_t part, size_t parts) { attn_body(arg, part, parts); }
 
-INLINE void step_body(const fs_decoder *d, float *hidden, size_t m, const float *cos,
-                      const float *sin, float *kv, size_t cap, size_t past, float *scratch,
+INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m,
+                      const float *cos, const float *sin, float *kv, size_t cap, size_t past,
+                      const uint8_t *mask, size_t mask_stride, float *scratch,
                       const fs_step_env *env, score_fn score, fs_part_fn attn_part,
                       group_fn group_attend) {
+    const size_t rows = batch * m; /* the products' rows: every row's m positions */
     const fs_products_fn products = env->products;
     void *const ctx = env->ctx;
     const size_t dim = d->dim, hd = d->head_dim, ffn = d->ffn;
     const size_t qdim = d->heads * hd, kvdim = d->kv_heads * hd;
-    const size_t plane = d->kv_heads * cap * hd; /* one layer's keys (or values) */
-    float *x = scratch;            /* [m, dim] normed input of a block */
-    float *q = x + m * dim;        /* [m, qdim] */
-    float *k = q + m * qdim;       /* [m, kvdim] */
-    float *v = k + m * kvdim;      /* [m, kvdim] */
-    float *att = v + m * kvdim;    /* [m, qdim] */
-    float *delta = att + m * qdim; /* [m, dim] a block's output before the residual */
-    float *gate = delta + m * dim; /* [m, ffn] */
-    float *up = gate + m * ffn;    /* [m, ffn] */
-    float *scores = up + m * ffn;  /* [max_parts, group, past + m] */
+    const size_t row_plane = d->kv_heads * cap * hd; /* one row's keys (or values) */
+    const size_t plane = batch * row_plane;           /* one layer's keys (or values) */
+    float *x = scratch;               /* [rows, dim] normed input of a block */
+    float *q = x + rows * dim;        /* [rows, qdim] */
+    float *k = q + rows * qdim;       /* [rows, kvdim] */
+    float *v = k + rows * kvdim;      /* [rows, kvdim] */
+    float *att = v + rows * kvdim;    /* [rows, qdim] */
+    float *delta = att + rows * qdim; /* [rows, dim] a block's output before the residual */
+    float *gate = delta + rows * dim; /* [rows, ffn] */
+    float *up = gate + rows * ffn;    /* [rows, ffn] */
+    float *scores = up + rows * ffn;  /* [max_parts, group, past + m] */
     const size_t group = d->heads / d->kv_heads;
     /* multiply-adds of one layer's attention: scores and weighted sum */
-    const double attn_work = 2.0 * (double)m * (double)d->heads * (double)(past + m) * (double)hd;
+    const double attn_work =
+        2.0 * (double)rows * (double)d->heads * (double)(past + m) * (double)hd;
 
     for (size_t l = 0; l < d->layers; l++) {
         const fs_dlayer *L = &d->layer[l];
         float *keys = kv + 2 * l * plane, *values = keys + plane;
 
-        for (size_t i = 0; i < m; i++)
+        for (size_t i = 0; i < rows; i++)
             rms_norm(hidden + i * dim, L->in_norm, dim, d->eps, x + i * dim);
         const fs_qweight *qkv[3] = {&L->q, &L->k, &L->v};
         float *qkv_out[3] = {q, k, v};
-        products(ctx, 3, qkv, x, m, qkv_out);
-        for (size_t i = 0; i < m; i++) {
+        products(ctx, 3, qkv, x, rows, qkv_out);
+        for (size_t i = 0; i < rows; i++) {
             const float *c = cos + i * hd, *s = sin + i * hd;
+            const size_t column = past + i % m, at = (i / m) * row_plane;
             for (size_t h = 0; h < d->heads; h++) rope(q + i * qdim + h * hd, c, s, hd);
             for (size_t g = 0; g < d->kv_heads; g++) {
-                float *kr = keys + (g * cap + past + i) * hd;
+                float *kr = keys + at + (g * cap + column) * hd;
                 memcpy(kr, k + i * kvdim + g * hd, hd * sizeof *kr);
                 rope(kr, c, s, hd);
-                memcpy(values + (g * cap + past + i) * hd, v + i * kvdim + g * hd,
+                memcpy(values + at + (g * cap + column) * hd, v + i * kvdim + g * hd,
                        hd * sizeof(float));
             }
         }
-        attn_job job = {d,   q, keys, values,          att,   scores,
-                        m,   past, cap, (past + m) * group, score, group_attend};
+        attn_job job = {d,     q,     keys, values, att, scores, mask, batch, m, past, cap,
+                        (past + m) * group, mask_stride, score, group_attend};
         env->parallel(ctx, attn_part, &job, attn_work);
         const fs_qweight *o[1] = {&L->o};
-        products(ctx, 1, o, att, m, &delta);
-        for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
+        products(ctx, 1, o, att, rows, &delta);
+        for (size_t e = 0; e < rows * dim; e++) hidden[e] += delta[e];
 
-        for (size_t i = 0; i < m; i++)
+        for (size_t i = 0; i < rows; i++)
             rms_norm(hidden + i * dim, L->post_norm, dim, d->eps, x + i * dim);
         const fs_qweight *gate_up[2] = {&L->gate, &L->up};
         float *gate_up_out[2] = {gate, up};
-        products(ctx, 2, gate_up, x, m, gate_up_out);
-        for (size_t e = 0; e < m * ffn; e++) gate[e] = silu(gate[e]) * up[e];
+        products(ctx, 2, gate_up, x, rows, gate_up_out);
+        for (size_t e = 0; e < rows * ffn; e++) gate[e] = silu(gate[e]) * up[e];
         const fs_qweight *down[1] = {&L->down};
-        products(ctx, 1, down, gate, m, &delta);
-        for (size_t e = 0; e < m * dim; e++) hidden[e] += delta[e];
+        products(ctx, 1, down, gate, rows, &delta);
+        for (size_t e = 0; e < rows * dim; e++) hidden[e] += delta[e];
     }
 }
 
 #define STEP_ARGS                                                                          \
-    const fs_decoder *d, float *hidden, size_t m, const float *cos, const float *sin,      \
-        float *kv, size_t cap, size_t past, float *scratch, const fs_step_env *env
-#define STEP_CALL(score, attn) \
-    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, env, score, attn, NULL)
-#define STEP_CALL_GROUPED(score, attn, grouped) \
-    step_body(d, hidden, m, cos, sin, kv, cap, past, scratch, env, score, attn, grouped)
+    const fs_decoder *d, float *hidden, size_t batch, size_t m, const float *cos,          \
+        const float *sin, float *kv, size_t cap, size_t past, const uint8_t *mask,         \
+        size_t mask_stride, float *scratch, const fs_step_env *env
+#define STEP_CALL(score, attn, grouped)                                                    \
+    step_body(d, hidden, batch, m, cos, sin, kv, cap, past, mask, mask_stride, scratch, env, \
+              score, attn, grouped)
+#define STEP_PASS d, hidden, batch, m, cos, sin, kv, cap, past, mask, mask_stride, scratch, env
 
-static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable, attn_baseline); }
+static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable, attn_baseline, NULL); }
 
 #ifdef HAVE_ISA_STEPS
 __attribute__((target("avx2"))) static void attn_avx2(void *arg, size_t part, size_t parts) {
@@ -393,26 +432,24 @@ __attribute__((target("avx512f"))) static void attn_avx512(void *arg, size_t par
     attn_body(arg, part, parts);
 }
 __attribute__((target("avx2"))) static void step_avx2(STEP_ARGS) {
-    STEP_CALL(scores_portable, attn_avx2);
+    STEP_CALL(scores_portable, attn_avx2, NULL);
 }
 __attribute__((target("avx512f"))) static void step_avx512(STEP_ARGS) {
-    STEP_CALL_GROUPED(scores_avx512, attn_avx512, group_avx512);
+    STEP_CALL(scores_avx512, attn_avx512, group_avx512);
 }
 #endif
 
-void fs_decoder_step(const fs_decoder *d, float *hidden, size_t m, const float *cos,
-                     const float *sin, float *kv, size_t cap, size_t past, float *scratch,
-                     const fs_step_env *env, int isa) {
+void fs_decoder_step(STEP_ARGS, int isa) {
 #ifdef HAVE_ISA_STEPS
     if (isa == FS_STEP_AVX512) {
-        step_avx512(d, hidden, m, cos, sin, kv, cap, past, scratch, env);
+        step_avx512(STEP_PASS);
         return;
     }
     if (isa == FS_STEP_AVX2) {
-        step_avx2(d, hidden, m, cos, sin, kv, cap, past, scratch, env);
+        step_avx2(STEP_PASS);
         return;
     }
 #endif
     (void)isa;
-    step_baseline(d, hidden, m, cos, sin, kv, cap, past, scratch, env);
+    step_baseline(STEP_PASS);
 }

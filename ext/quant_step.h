@@ -14,9 +14,12 @@
  * Only the order of float32 sums differs from torch (as between kernel backends), so the
  * logits agree to rounding and greedy decoding follows the tie rule of flashspec._greedy.
  *
- * The cache is one float32 array kv[layers][2][kv_heads][cap][head_dim] (2: keys, values);
- * the step writes positions past .. past + m - 1 of every layer and reads 0 .. past + m - 1.
- * Query row i sees keys 0 .. past + i (a causal step with no padding: a batch of one).
+ * The cache is one float32 array kv[layers][2][batch][kv_heads][cap][head_dim] (2: keys,
+ * values); the step writes columns past .. past + m - 1 of every row and layer and reads
+ * 0 .. past + m - 1. A row's position i (column past + i) sees its keys 0 .. past + i that its
+ * mask row shows (all of them without a mask): the ragged layout of flashspec._layout, whose
+ * dead columns (padding, rejected drafts) the mask hides. Positions are the caller's: the
+ * rotary tables come per row and position.
  * The products and the attention's parallel loop go through callbacks, so the glue
  * (ext/_quant.c) keeps the choice of backend and the thread pool. No Python here.
  */
@@ -68,7 +71,8 @@ typedef struct fs_step_env {
     size_t max_parts; /* the most parts parallel() uses (scratch holds a score row each) */
 } fs_step_env;
 
-/* Floats of scratch fs_decoder_step needs for m rows over `keys` cached positions. */
+/* Floats of scratch fs_decoder_step needs for m product rows (batch x positions) over `keys`
+ * cached positions. */
 size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t parts);
 
 /* Which compilation of the step to run (quant_step.c); the caller checks the CPU has it. */
@@ -77,14 +81,18 @@ size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t par
 #define FS_STEP_AVX512 2
 
 /*
- * hidden[m, dim]: the embeddings in, the last layer's output out (before the final norm).
- * cos, sin[m, head_dim]: the rotary tables of the m positions (attention scaling included).
- * kv: the cache above, cap positions per head; past + m <= cap.
- * scratch: fs_decoder_scratch(d, m, past + m, env->max_parts) floats.
+ * hidden[batch, m, dim]: the embeddings in, the last layer's output out (before the final
+ * norm). cos, sin[batch, m, head_dim]: the rotary tables of every row's m positions
+ * (attention scaling included). kv: the cache above, cap columns per head; past + m <= cap.
+ * mask[batch, mask_stride] (mask_stride >= past + m): nonzero where a key column is visible,
+ * or NULL (every column of every row). A query whose columns are all hidden (a dead column)
+ * gets zeros from attention.
+ * scratch: fs_decoder_scratch(d, batch * m, past + m, env->max_parts) floats.
  * isa: FS_STEP_*, an ISA the CPU has (and the OS saves the registers of).
  */
-void fs_decoder_step(const fs_decoder *d, float *hidden, size_t m, const float *cos,
-                     const float *sin, float *kv, size_t cap, size_t past, float *scratch,
+void fs_decoder_step(const fs_decoder *d, float *hidden, size_t batch, size_t m,
+                     const float *cos, const float *sin, float *kv, size_t cap, size_t past,
+                     const uint8_t *mask, size_t mask_stride, float *scratch,
                      const fs_step_env *env, int isa);
 
 #endif

@@ -109,15 +109,13 @@ def lean_forward(
         seen = cache.get_seq_length()
         position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]
     fused = self.__dict__.get("_flashspec_fused")
-    if (
-        fused is not None
-        and embeds.shape[0] == 1
-        and (attention_mask is None or _all_attended(attention_mask))
-    ):
-        # Quantized layers (flashspec.quant.decoder): every layer in one C call.
+    if fused is not None and (attention_mask is None or attention_mask.dim() == 2):
+        # Quantized layers (flashspec.quant.decoder): every layer in one C call, the rows of
+        # a batch together; a padding mask (the ragged layout's dead columns) goes with them.
+        keys = None if attention_mask is None or _all_attended(attention_mask) else attention_mask
         hidden = embeds.clone(memory_format=torch.contiguous_format)  # written in place
         cos, sin = self.rotary_emb(hidden, position_ids=position_ids)
-        if fused.step(cache, hidden, cos, sin):
+        if fused.step(cache, hidden, cos, sin, keys):
             return t.result(last_hidden_state=self.norm(hidden), cache=cache)
     mask = t.causal_mask(
         config=self.config,

@@ -61,10 +61,14 @@ def decoder_plan(
     of q, k, v, o, gate, up, down). The plan holds their buffers for its life.
     """
 
-def decoder_step(plan: Any, hidden: _Buf, cos: _Buf, sin: _Buf, kv: _Buf, past: int) -> None:
-    """Every layer of ``plan`` for m new positions, in place (ext/quant_step.h).
+def decoder_step(
+    plan: Any, hidden: _Buf, cos: _Buf, sin: _Buf, kv: _Buf, past: int, mask: _Buf | None = None
+) -> None:
+    """Every layer of ``plan`` for m new positions of each row, in place (ext/quant_step.h).
 
-    ``hidden`` (m, dim) float32 in and out; ``cos``/``sin`` (m, head_dim); ``kv`` float32
-    (layers, 2, kv_heads, capacity, head_dim) with positions ``past`` .. ``past + m - 1``
-    written. ValueError or TypeError, naming the argument, on bad buffers.
+    ``hidden`` (batch * m, dim) float32 in and out; ``cos``/``sin`` (batch * m, head_dim);
+    ``kv`` float32 (layers, 2, kv_heads, capacity, head_dim) for one row, or (layers, 2, batch,
+    kv_heads, capacity, head_dim), with columns ``past`` .. ``past + m - 1`` written; ``mask``
+    None (every column visible) or (batch, >= past + m) bytes, nonzero where a key column is
+    visible to the row. ValueError or TypeError, naming the argument, on bad buffers.
     """

@@ -209,21 +209,46 @@ def test_greedy_equals_dequantized_generate(
     assert counting.steps > 40
 
 
-def test_padded_batches_and_dense_attention_keep_the_torch_path(
-    files: Any, counting: Counting
-) -> None:
+def test_dense_attention_keeps_the_torch_path(files: Any) -> None:
     dense, _ = files(DENSE_ATTENTION).quantized()
     assert decoder.fused_of(inner(dense)) is None  # attention stayed float32: no plan
-    loaded = files(VARIANTS[0])
+
+
+@pytest.mark.parametrize("variant", VARIANTS[1:], ids=lambda v: v.name)
+def test_ragged_batches_take_the_c_step_and_every_row_equals_its_own_generate(
+    variant: Variant, files: Any, counting: Counting
+) -> None:
+    """Prompts of different lengths in one ragged batch of the speculative engine (left
+    padding, rows accepting different counts: dead columns the mask hides, compaction, rows
+    finishing early) and HF's padded ``generate`` on the quantized model: every row equal to
+    the dequantized model's ``generate`` of that prompt alone, with every forward batched in
+    the C step."""
+    loaded = files(variant)
     model, _ = loaded.quantized()
-    ids = torch.tensor([loaded.tokenizer(PROMPTS[0])["input_ids"]] * 2)
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
+    target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=4)), [PromptLookupDrafter()], target
+    )
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in LOOKUP_PROMPTS]
+    assert len({len(p) for p in prompts}) > 1
+    limits = [40, 25, 40]
+    result = engine.generate(prompts, max_new_tokens=limits)
+    assert result.stats.rounds > 0 and counting.steps >= result.stats.rounds
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[EOS_ID] * (width - len(p)) + p for p in prompts])
+    mask = torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]
+    counting.steps = 0
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
-                             pad_token_id=EOS_ID)  # fmt: skip
-    assert out.shape[1] == ids.shape[1] + 4
-    assert counting.steps == 0
+        padded = model.generate(ids, attention_mask=mask.long(), do_sample=False,
+                                max_new_tokens=20, pad_token_id=EOS_ID)  # fmt: skip
+    assert counting.steps == padded.shape[1] - width
+    for row, (prompt, limit) in enumerate(zip(prompts, limits, strict=True)):
+        want = hf_greedy(loaded.reference, prompt, limit)
+        tail = padded[row, width:].tolist()
+        tail = tail[: tail.index(EOS_ID) + 1] if EOS_ID in tail else tail
+        for got in (result.tokens[row], tail):
+            verdict = compare_greedy(loaded.reference, prompt, got, want[: len(got)])
+            assert verdict.status != "mismatch", (row, verdict.at, got, want)
 
 
 def test_switched_off_by_environment(files: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -411,6 +436,63 @@ def test_step_matches_a_float64_reference_on_every_backend(
                 where = f"{backend} qtype {qtype} m={m} past={past}"
                 assert np.abs(got_h - want_h).max() <= 1e-4 * np.abs(want_h).max(), where
                 assert np.abs(got_kv - want_kv).max() <= 1e-4 * np.abs(want_kv).max(), where
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
+def test_batched_masked_step_matches_each_row_alone_in_float64_on_every_backend(
+    shape: tuple[int, ...], every_backend: list[str]
+) -> None:
+    """Three rows stepping together against the float64 decoder of each row alone, with the
+    ragged layout's masks (``batch_mask``: dead cached columns, a dead new column, a query
+    that sees nothing); the dead cached slots hold NaN, which a masked key must never let
+    through."""
+    ck = _check_kernel()
+    dim, heads, kv_heads, hd, ffn, count = shape
+    rng = np.random.default_rng(11)
+    k = quant_ops.kernels()
+    layers, dense = ck.decoder_case(rng, 3, shape)
+    plan = k.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, ck.DECODER_EPS, hd**-0.5)
+    rows, past = 3, 6
+    for backend in every_backend:
+        k.set_backend(backend)
+        for m in (1, 4, 9):
+            kv = (0.5 * rng.standard_normal((count, 2, rows, kv_heads, 24, hd))).astype(np.float32)
+            mask = ck.batch_mask(rows, past + m + 2, past)  # wider than needed: a stride
+            kv[:, :, 1, :, 1:past:2] = np.nan
+            kv[:, :, rows - 1, :, :past] = np.nan
+            hidden = rng.standard_normal((rows * m, dim)).astype(np.float32)
+            angles = rng.uniform(0.0, 6.0, (rows * m, hd)).astype(np.float32)
+            cos, sin = np.cos(angles), np.sin(angles)
+            want_h, want_kv = ck.batch_reference(
+                dense, hidden, cos, sin, kv, past, heads, ck.DECODER_EPS, hd**-0.5, mask
+            )
+            got_h, got_kv = hidden.copy(), kv.copy()
+            k.decoder_step(plan, got_h, cos, sin, got_kv, past, mask)
+            where = f"{backend} m={m}"
+            assert np.isfinite(got_h).all(), where
+            assert np.abs(got_h - want_h).max() <= 1e-4 * np.abs(want_h).max(), where
+            written = np.s_[:, :, :, :, past : past + m]
+            assert np.abs(got_kv[written] - want_kv[written]).max() <= 1e-4, where
+            untouched = np.s_[:, :, :, :, :past]
+            np.testing.assert_array_equal(got_kv[untouched], kv[untouched])  # NaN equal NaN
+
+
+def test_batched_step_refuses_a_mask_that_does_not_fit() -> None:
+    k = quant_ops.kernels()
+    plan, _ = tiny_plan()
+    hidden = np.zeros((4, 32), dtype=np.float32)  # 2 rows of 2 positions
+    rope = np.zeros((4, 16), dtype=np.float32)
+    kv = np.zeros((1, 2, 2, 1, 8, 16), dtype=np.float32)
+    for bad in (
+        np.ones((2, 4), dtype=np.uint8),  # narrower than past + m
+        np.ones((3, 8), dtype=np.uint8),  # another batch
+        np.ones((2, 8), dtype=np.float32),  # not bytes
+    ):
+        with pytest.raises(ValueError, match="mask"):
+            k.decoder_step(plan, hidden, rope, rope, kv, 3, bad)
+    with pytest.raises(ValueError, match="batch"):
+        k.decoder_step(plan, hidden[:3], rope[:3], rope[:3], kv, 3)
+    k.decoder_step(plan, hidden, rope, rope, kv, 3, np.ones((2, 5), dtype=np.uint8))
 
 
 def test_sampled_tokens_through_the_c_step_follow_the_dequantized_model(

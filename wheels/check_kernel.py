@@ -209,9 +209,12 @@ def decoder_reference(
     heads: int,
     eps: float,
     scaling: float,
+    mask: Any = None,
 ) -> tuple[F64, F64]:
-    """A Llama decoder step in float64 (the contract of ext/quant_step.h): the hidden states
-    after every layer and the cache with positions past .. past + m - 1 written."""
+    """A Llama decoder step of one row in float64 (the contract of ext/quant_step.h): the
+    hidden states after every layer and the cache with positions past .. past + m - 1
+    written. ``mask``: None, or the row's visible key columns (nonzero: visible); a query that
+    sees none gets zeros from attention."""
     h = hidden.astype(np.float64)
     cache = kv.astype(np.float64)
     m, hd = cos.shape
@@ -238,8 +241,14 @@ def decoder_reference(
         for i in range(m):
             for head in range(heads):
                 group = head // (heads // kv_heads)
-                keys = cache[index, 0, group, : past + i + 1]
-                values = cache[index, 1, group, : past + i + 1]
+                seen = np.arange(past + i + 1)
+                if mask is not None:
+                    seen = seen[np.asarray(mask)[: past + i + 1] != 0]
+                if seen.size == 0:
+                    out[i, head] = 0.0
+                    continue
+                keys = cache[index, 0, group, seen]
+                values = cache[index, 1, group, seen]
                 scores = keys @ q[i, head] * scaling
                 p = np.exp(scores - scores.max())
                 out[i, head] = (p / p.sum()) @ values
@@ -250,9 +259,52 @@ def decoder_reference(
     return h, cache
 
 
+def batch_reference(
+    layers: list[dict[str, F64]],
+    hidden: F32,
+    cos: F32,
+    sin: F32,
+    kv: F32,
+    past: int,
+    heads: int,
+    eps: float,
+    scaling: float,
+    mask: Any,
+) -> tuple[F64, F64]:
+    """``decoder_reference`` of each row of a batch on its own: hidden (B * m, dim), cos/sin
+    (B * m, head_dim), kv (layers, 2, B, kv_heads, cap, head_dim), mask (B, >= past + m)."""
+    rows = kv.shape[2]
+    m = hidden.shape[0] // rows
+    out_h, out_kv = [], []
+    for b in range(rows):
+        span = slice(b * m, (b + 1) * m)
+        h, c = decoder_reference(
+            layers, hidden[span], cos[span], sin[span], kv[:, :, b], past, heads, eps, scaling,
+            None if mask is None else mask[b],
+        )  # fmt: skip
+        out_h.append(h)
+        out_kv.append(c)
+    return np.concatenate(out_h), np.stack(out_kv, axis=2)
+
+
+def batch_mask(rows: int, width: int, past: int) -> Any:
+    """A (rows, width) mask with what the ragged layout makes: row 0 sees every column; row
+    1 has dead columns among its cached ones and its first new column dead; the last row
+    (from 3 rows) has every cached column and its first new column dead, so that query sees
+    nothing at all."""
+    mask = np.ones((rows, width), dtype=np.uint8)
+    if rows > 1:
+        mask[1, 1:past:2] = 0
+        mask[1, past] = 0
+    if rows > 2:
+        mask[rows - 1, : past + 1] = 0
+    return mask
+
+
 def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generator) -> None:
     """``decoder_step`` of backend ``name`` against ``decoder_reference``: a step of 1 and of 7
-    positions after 5 cached ones, Q8_0 and Q4_1 layers."""
+    positions after 5 cached ones, then a batch of 3 rows with dead columns (``batch_mask``)
+    stepping 1 and 4 positions, Q8_0 and Q4_1 layers."""
     dim, heads, kv_heads, hd, ffn, count = DECODER_SHAPE
     scaling = hd**-0.5
     for qtype in (8, 3):
@@ -274,6 +326,25 @@ def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generato
                 err_h < 1e-4 and err_kv < 1e-4,
                 f"_quant[{name}] decoder_step qtype {qtype} m={m} past={past}: relative "
                 f"error {err_h:.2e} (hidden), {err_kv:.2e} (cache)",
+            )
+        for m in (1, 4):
+            rows, past = 3, 5
+            kv = (0.5 * rng.standard_normal((count, 2, rows, kv_heads, 16, hd))).astype(np.float32)
+            mask = batch_mask(rows, past + m, past)
+            hidden = rng.standard_normal((rows * m, dim)).astype(np.float32)
+            angles = rng.uniform(0.0, 6.0, (rows * m, hd)).astype(np.float32)
+            cos, sin = np.cos(angles), np.sin(angles)
+            want_h, want_kv = batch_reference(
+                dense, hidden, cos, sin, kv, past, heads, DECODER_EPS, scaling, mask
+            )
+            got_h, got_kv = hidden.copy(), kv.copy()
+            Q.decoder_step(plan, got_h, cos, sin, got_kv, past, mask)
+            err_h = float(np.abs(got_h - want_h).max() / np.abs(want_h).max())
+            err_kv = float(np.abs(got_kv - want_kv).max() / np.abs(want_kv).max())
+            ck.check(
+                err_h < 1e-4 and err_kv < 1e-4,
+                f"_quant[{name}] decoder_step qtype {qtype} batch {rows} m={m} masked: "
+                f"relative error {err_h:.2e} (hidden), {err_kv:.2e} (cache)",
             )
 
 

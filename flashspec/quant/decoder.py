@@ -7,14 +7,17 @@ projections are all ``QuantLinear`` in one call that releases the GIL: the same 
 transformers' order, only float32 sums in another order (logits agree to rounding, as between
 kernel backends; greedy output follows the tie rule of ``flashspec._greedy``).
 
-The lean forward (``flashspec._lean``) takes it for the calls it fits: one row, no padding in
-the mask, a ``DynamicCache`` of plain ``DynamicLayer``s (a prompt's prefill included: its
-products read the blocks in passes of 16 rows, which measured faster here than dequantizing
-the weights for the BLAS). Keys and values then live in one preallocated buffer per cache
-(``_KVStore``) and each layer's ``keys``/``values`` are prefix views of it, so a step writes its
-new positions in place instead of copying the whole cache, and a rollback (``crop``: a shorter
-view) needs no copy either. Anything that replaced the views (a batch's compaction, another
-path's ``torch.cat``) is noticed by pointer and copied back in before the next fused step.
+The lean forward (``flashspec._lean``) takes it for the calls it fits: a ``DynamicCache`` of
+plain ``DynamicLayer``s and no mask or a 2-D one over the cache's columns and the new ones (a
+prompt's prefill included: its products read the blocks in passes of 16 rows, which measured
+faster here than dequantizing the weights for the BLAS). A batch's rows share every product
+(the weights are read once for all of them), and the mask hides each row's dead columns (its
+padding and rejected drafts, ``flashspec._layout``) from its attention. Keys and values then
+live in one preallocated buffer per cache (``_KVStore``) and each layer's ``keys``/``values``
+are prefix views of it, so a step writes its new positions in place instead of copying the
+whole cache, and a rollback (``crop``: a shorter view) needs no copy either. Anything that
+replaced the views (a batch's compaction or change of rows, another path's ``torch.cat``) is
+noticed by pointer and copied back in before the next fused step.
 
 Set ``FLASHSPEC_QUANT_DECODER=0`` to keep the per-operation forward.
 """
@@ -40,13 +43,15 @@ CHUNK_ROWS = 256
 
 
 class _KVStore:
-    """Every layer's keys and values in one float32 buffer, [2 * layers, 1, kv_heads, cap, hd]
-    (keys of layer l at 2l, values at 2l + 1)."""
+    """Every layer's keys and values in one float32 buffer, [2 * layers, rows, kv_heads, cap,
+    hd] (keys of layer l at 2l, values at 2l + 1)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int) -> None:
+    def __init__(self, layers: int, rows: int, kv_heads: int, head_dim: int, cap: int) -> None:
+        capacity = cap
         self.capacity = capacity
-        self.buf = torch.empty((2 * layers, 1, kv_heads, capacity, head_dim))
-        self.array = self.buf.view(layers, 2, kv_heads, capacity, head_dim).numpy()
+        self.rows = rows
+        self.buf = torch.empty((2 * layers, rows, kv_heads, capacity, head_dim))
+        self.array = self.buf.view(layers, 2, rows, kv_heads, capacity, head_dim).numpy()
         self.pointers = [self.buf[i].data_ptr() for i in range(2 * layers)]
         self.strides = (kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1)
 
@@ -88,31 +93,57 @@ class FusedDecoder:
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return _no_plan, ()
 
-    def step(self, cache: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-        """Run every layer over ``hidden`` (1, m, dim), in place, with the rotary tables
-        ``cos``/``sin`` (1, m, head_dim), appending to ``cache``. False, touching nothing, when
-        the cache is not one this path keeps (the caller then runs the layers itself)."""
-        m = int(hidden.shape[1])
-        past = self._bind(cache, m)
+    def step(
+        self,
+        cache: Any,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> bool:
+        """Run every layer over ``hidden`` (B, m, dim), contiguous, in place, with the rotary
+        tables ``cos``/``sin`` (B or 1, m, head_dim), appending to ``cache``. ``mask``: None
+        (every column visible to every row) or (B, past + m), nonzero where a row sees a
+        column. False, touching nothing the caller reads, when the cache or mask is not one
+        this path takes (the caller then runs the layers itself)."""
+        batch, m = int(hidden.shape[0]), int(hidden.shape[1])
+        past = self._bind(cache, batch, m)
         if past is None:
             return False
+        keys_mask = None
+        if mask is not None:
+            if tuple(mask.shape) != (batch, past + m):
+                return False
+            keys_mask = mask.to(torch.uint8).contiguous().numpy()
         store: _KVStore = cache.__dict__[_STORE_ATTR]
-        rows = hidden.view(m, self.dim)
-        cos = cos.reshape(m, self.head_dim).contiguous()
-        sin = sin.reshape(m, self.head_dim).contiguous()
+        shape = (batch, m, self.head_dim)
+        cos = cos.expand(shape).contiguous()
+        sin = sin.expand(shape).contiguous()
         step = kernels().decoder_step
-        for start in range(0, m, CHUNK_ROWS):  # a long prompt in pieces: bounded scratch
-            stop = min(m, start + CHUNK_ROWS)
-            step(self.plan, rows[start:stop].numpy(), cos[start:stop].numpy(),
-                 sin[start:stop].numpy(), store.array, past + start)  # fmt: skip
+        # A long prompt in pieces of positions (bounded scratch), every row at once.
+        chunk = max(1, CHUNK_ROWS // batch)
+        for start in range(0, m, chunk):
+            stop = min(m, start + chunk)
+            if start == 0 and stop == m:
+                part, c, s = hidden, cos, sin
+            else:
+                part = hidden[:, start:stop].contiguous()
+                c, s = cos[:, start:stop].contiguous(), sin[:, start:stop].contiguous()
+            rows = batch * (stop - start)
+            step(self.plan, part.view(rows, self.dim).numpy(),
+                 c.view(rows, self.head_dim).numpy(), s.view(rows, self.head_dim).numpy(),
+                 store.array, past + start, keys_mask)  # fmt: skip
+            if part is not hidden:
+                hidden[:, start:stop] = part
         views = store.buf[:, :, :, : past + m].unbind(0)
         for index, layer in enumerate(cache.layers):
             layer.keys, layer.values = views[2 * index], views[2 * index + 1]
         return True
 
-    def _bind(self, cache: Any, m: int) -> int | None:
-        """The cached length after making the store hold every layer's keys and values (with
-        room for ``m`` more), or None when the cache is not one this path keeps."""
+    def _bind(self, cache: Any, batch: int, m: int) -> int | None:
+        """The cached length after making the store hold every layer's keys and values for
+        ``batch`` rows (with room for ``m`` more columns), or None when the cache is not one
+        this path keeps."""
         from transformers.cache_utils import DynamicLayer
 
         layers: list[Any] = cache.layers
@@ -122,7 +153,7 @@ class FusedDecoder:
             return None
         fresh = [getattr(layer, "keys", None) is None for layer in layers]
         if all(fresh):  # a new cache: every layer initialized empty, as its update would
-            empty = torch.empty((1, self.kv_heads, 0, self.head_dim))
+            empty = torch.empty((batch, self.kv_heads, 0, self.head_dim))
             for layer in layers:
                 layer.update(empty, empty)
         elif any(fresh):
@@ -130,11 +161,13 @@ class FusedDecoder:
         first_keys: Any = layers[0].keys
         past = int(first_keys.shape[-2]) if first_keys.dim() == 4 else 0
         store: _KVStore | None = cache.__dict__.get(_STORE_ATTR)
+        if store is not None and store.rows != batch:
+            store = None  # rows joined or left: the layers hold their own tensors now
         if store is None or store.capacity < past + m:
             # Grow geometrically: copies stay O(1) a position over a long generation.
             wanted = past + m + max(_GROW_POSITIONS, (store.capacity // 2) if store else 0)
-            store = _KVStore(self.layers, self.kv_heads, self.head_dim, wanted)
-        shape = (1, self.kv_heads, past, self.head_dim)
+            store = _KVStore(self.layers, batch, self.kv_heads, self.head_dim, wanted)
+        shape = (batch, self.kv_heads, past, self.head_dim)
         for index, layer in enumerate(layers):
             keys: Any = layer.keys
             values: Any = layer.values
