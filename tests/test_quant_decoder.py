@@ -251,6 +251,35 @@ def test_ragged_batches_take_the_c_step_and_every_row_equals_its_own_generate(
             assert verdict.status != "mismatch", (row, verdict.at, got, want)
 
 
+def test_a_row_joining_a_running_quantized_batch_equals_its_own_generate(
+    files: Any, counting: Counting
+) -> None:
+    """Continuous batching on the C step: a prompt joins after the first round (its prefill
+    read into a running batch, the store rebuilt for three rows), and a row that finishes
+    early leaves (rebuilt again for two); every row equal to the dequantized model's
+    ``generate`` of its prompt alone."""
+    loaded = files(VARIANTS[1])
+    model, _ = loaded.quantized()
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=4)), [PromptLookupDrafter()], target
+    )
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in LOOKUP_PROMPTS]
+    stream = engine.stream(prompts[:2], max_new_tokens=[30, 8])
+    joined = None
+    for _ in stream:
+        if joined is None:
+            joined = stream.join(prompts[2], 30)
+    assert joined == 2 and stream.result is not None
+    assert counting.steps >= stream.result.stats.rounds
+    assert target.cache.__dict__.get("_flashspec_kv") is not None
+    for row, (prompt, limit) in enumerate(zip(prompts, [30, 8, 30], strict=True)):
+        got = stream.result.tokens[row]
+        want = hf_greedy(loaded.reference, prompt, limit)
+        verdict = compare_greedy(loaded.reference, prompt, got, want)
+        assert verdict.status != "mismatch", (row, verdict.at, got, want)
+
+
 def test_switched_off_by_environment(files: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(decoder.ENV, "0")
     assert decoder.fused_of(inner(files(VARIANTS[0]).quantized()[0])) is None
