@@ -289,39 +289,43 @@ INLINE void attend(const float *q, const float *keys, const float *values, const
 
 INLINE float silu(float x) { return x / (1.0f + fast_exp(-x)); }
 
+/* Floats that hold one size_t (the live queries' indices lead the scratch). */
+#define INDEX_FLOATS ((sizeof(size_t) + sizeof(float) - 1) / sizeof(float))
+
 size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t parts) {
     size_t qdim = d->heads * d->head_dim, kvdim = d->kv_heads * d->head_dim;
     size_t group = d->heads / d->kv_heads; /* a part's scores: one row a head of its group */
-    return m * (2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) +
+    return m * (INDEX_FLOATS + 2 * d->dim + 2 * qdim + 2 * kvdim + 2 * d->ffn) +
            keys * group * (parts ? parts : 1);
 }
 
-/* One layer's attention for batch x m queries: (query, head) pairs shared out over the parts. */
+/* One layer's attention for the live queries: (query, head) pairs shared out over the parts. */
 typedef struct {
     const fs_decoder *d;
-    const float *q, *keys, *values; /* q [batch * m, qdim]; keys, values: the layer's planes */
-    float *att, *scores;            /* att [batch * m, qdim]; scores: keys_per_part a part */
+    const float *q, *keys, *values; /* q [queries, qdim]; keys, values: the layer's planes */
+    float *att, *scores;            /* att [queries, qdim]; scores: keys_per_part a part */
     const uint8_t *mask;            /* [batch, mask_stride] visible key columns, or NULL */
-    size_t batch, m, past, cap, keys_per_part, mask_stride;
+    const size_t *live;             /* query i is position live[i] of the batch * m */
+    size_t queries, m, past, cap, keys_per_part, mask_stride;
     score_fn score;
     group_fn group; /* NULL: head by head */
 } attn_job;
 
 /* Pairs dealt round robin: in a prefill, later positions see more keys, and each part gets
  * some of every length. With a group function the pairs are (query, kv head), its query heads
- * at once; a shape it does not take goes head by head. Query i is row i / m's position
- * i % m: it sees that row's keys 0 .. past + i % m, those its mask row shows. */
+ * at once; a shape it does not take goes head by head. Query i is position j = live[i]: row
+ * j / m's position j % m, which sees that row's keys 0 .. past + j % m its mask row shows. */
 INLINE void attn_body(void *arg, size_t part, size_t parts) {
     const attn_job *a = (const attn_job *)arg;
     const fs_decoder *d = a->d;
     const size_t hd = d->head_dim, qdim = d->heads * hd, group = d->heads / d->kv_heads;
     const size_t row_plane = d->kv_heads * a->cap * hd; /* one row's keys in a layer */
-    const size_t queries = a->batch * a->m;
+    const size_t queries = a->queries;
     float *scores = a->scores + part * a->keys_per_part;
     if (a->group != NULL && group > 1) {
         for (size_t p = part; p < queries * d->kv_heads; p += parts) {
-            size_t i = p / d->kv_heads, g = p % d->kv_heads, b = i / a->m;
-            size_t n = a->past + i % a->m + 1;
+            size_t i = p / d->kv_heads, g = p % d->kv_heads, j = a->live[i], b = j / a->m;
+            size_t n = a->past + j % a->m + 1;
             const uint8_t *mask = a->mask ? a->mask + b * a->mask_stride : NULL;
             const float *q = a->q + i * qdim + g * group * hd;
             size_t at = b * row_plane + g * a->cap * hd;
@@ -335,11 +339,11 @@ INLINE void attn_body(void *arg, size_t part, size_t parts) {
         return;
     }
     for (size_t p = part; p < queries * d->heads; p += parts) {
-        size_t i = p / d->heads, h = p % d->heads, g = h / group, b = i / a->m;
+        size_t i = p / d->heads, h = p % d->heads, g = h / group, j = a->live[i], b = j / a->m;
         const uint8_t *mask = a->mask ? a->mask + b * a->mask_stride : NULL;
         size_t at = b * row_plane + g * a->cap * hd;
         attend(a->q + i * qdim + h * hd, a->keys + at, a->values + at, mask,
-               a->past + i % a->m + 1, hd, d->scaling, scores, a->att + i * qdim + h * hd,
+               a->past + j % a->m + 1, hd, d->scaling, scores, a->att + i * qdim + h * hd,
                a->score);
     }
 }
@@ -351,18 +355,26 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m
                       const uint8_t *mask, size_t mask_stride, float *scratch,
                       const fs_step_env *env, score_fn score, fs_part_fn attn_part,
                       group_fn group_attend) {
-    const size_t rows = batch * m; /* the products' rows: every row's m positions */
+    const size_t positions = batch * m;
     const fs_products_fn products = env->products;
     void *const ctx = env->ctx;
     const size_t dim = d->dim, hd = d->head_dim, ffn = d->ffn;
     const size_t qdim = d->heads * hd, kvdim = d->kv_heads * hd;
     const size_t row_plane = d->kv_heads * cap * hd; /* one row's keys (or values) */
     const size_t plane = batch * row_plane;           /* one layer's keys (or values) */
-    float *x = scratch;               /* [rows, dim] normed input of a block */
-    float *q = x + rows * dim;        /* [rows, qdim] */
-    float *k = q + rows * qdim;       /* [rows, kvdim] */
-    float *v = k + rows * kvdim;      /* [rows, kvdim] */
-    float *att = v + rows * kvdim;    /* [rows, qdim] */
+    /* The live positions: those whose own column the mask shows. A dead one (padding, a
+     * draft a row did not make) is in no product and no attention; its hidden row is left
+     * as it came and its cache slots are zeroed (a forward that reads masked slots with
+     * additive masks must not meet garbage), so the products run over live rows only. */
+    size_t *live = (size_t *)(void *)scratch;
+    size_t rows = 0;
+    for (size_t j = 0; j < positions; j++)
+        if (mask == NULL || mask[(j / m) * mask_stride + past + j % m] != 0) live[rows++] = j;
+    float *x = scratch + positions * INDEX_FLOATS; /* [rows, dim] normed input of a block */
+    float *q = x + rows * dim;                      /* [rows, qdim] */
+    float *k = q + rows * qdim;                     /* [rows, kvdim] */
+    float *v = k + rows * kvdim;                    /* [rows, kvdim] */
+    float *att = v + rows * kvdim;                  /* [rows, qdim] */
     float *delta = att + rows * qdim; /* [rows, dim] a block's output before the residual */
     float *gate = delta + rows * dim; /* [rows, ffn] */
     float *up = gate + rows * ffn;    /* [rows, ffn] */
@@ -375,15 +387,30 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m
     for (size_t l = 0; l < d->layers; l++) {
         const fs_dlayer *L = &d->layer[l];
         float *keys = kv + 2 * l * plane, *values = keys + plane;
+        if (rows < positions) {
+            for (size_t j = 0, i = 0; j < positions; j++) {
+                if (i < rows && live[i] == j) {
+                    i++;
+                    continue;
+                }
+                const size_t column = past + j % m, at = (j / m) * row_plane;
+                for (size_t g = 0; g < d->kv_heads; g++) {
+                    memset(keys + at + (g * cap + column) * hd, 0, hd * sizeof(float));
+                    memset(values + at + (g * cap + column) * hd, 0, hd * sizeof(float));
+                }
+            }
+        }
+        if (rows == 0) continue;
 
         for (size_t i = 0; i < rows; i++)
-            rms_norm(hidden + i * dim, L->in_norm, dim, d->eps, x + i * dim);
+            rms_norm(hidden + live[i] * dim, L->in_norm, dim, d->eps, x + i * dim);
         const fs_qweight *qkv[3] = {&L->q, &L->k, &L->v};
         float *qkv_out[3] = {q, k, v};
         products(ctx, 3, qkv, x, rows, qkv_out);
         for (size_t i = 0; i < rows; i++) {
-            const float *c = cos + i * hd, *s = sin + i * hd;
-            const size_t column = past + i % m, at = (i / m) * row_plane;
+            const size_t j = live[i];
+            const float *c = cos + j * hd, *s = sin + j * hd;
+            const size_t column = past + j % m, at = (j / m) * row_plane;
             for (size_t h = 0; h < d->heads; h++) rope(q + i * qdim + h * hd, c, s, hd);
             for (size_t g = 0; g < d->kv_heads; g++) {
                 float *kr = keys + at + (g * cap + column) * hd;
@@ -393,22 +420,25 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m
                        hd * sizeof(float));
             }
         }
-        attn_job job = {d,     q,     keys, values, att, scores, mask, batch, m, past, cap,
-                        (past + m) * group, mask_stride, score, group_attend};
+        attn_job job = {d,    q,    keys, values, att, scores, mask,
+                        live, rows, m,    past,   cap, (past + m) * group,
+                        mask_stride, score, group_attend};
         env->parallel(ctx, attn_part, &job, attn_work);
         const fs_qweight *o[1] = {&L->o};
         products(ctx, 1, o, att, rows, &delta);
-        for (size_t e = 0; e < rows * dim; e++) hidden[e] += delta[e];
+        for (size_t i = 0; i < rows; i++)
+            for (size_t e = 0; e < dim; e++) hidden[live[i] * dim + e] += delta[i * dim + e];
 
         for (size_t i = 0; i < rows; i++)
-            rms_norm(hidden + i * dim, L->post_norm, dim, d->eps, x + i * dim);
+            rms_norm(hidden + live[i] * dim, L->post_norm, dim, d->eps, x + i * dim);
         const fs_qweight *gate_up[2] = {&L->gate, &L->up};
         float *gate_up_out[2] = {gate, up};
         products(ctx, 2, gate_up, x, rows, gate_up_out);
         for (size_t e = 0; e < rows * ffn; e++) gate[e] = silu(gate[e]) * up[e];
         const fs_qweight *down[1] = {&L->down};
         products(ctx, 1, down, gate, rows, &delta);
-        for (size_t e = 0; e < rows * dim; e++) hidden[e] += delta[e];
+        for (size_t i = 0; i < rows; i++)
+            for (size_t e = 0; e < dim; e++) hidden[live[i] * dim + e] += delta[i * dim + e];
     }
 }
 

@@ -85,8 +85,10 @@ size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t par
  * norm). cos, sin[batch, m, head_dim]: the rotary tables of every row's m positions
  * (attention scaling included). kv: the cache above, cap columns per head; past + m <= cap.
  * mask[batch, mask_stride] (mask_stride >= past + m): nonzero where a key column is visible,
- * or NULL (every column of every row). A query whose columns are all hidden (a dead column)
- * gets zeros from attention.
+ * or NULL (every column of every row). A position whose own column the mask hides (a dead
+ * one: padding, a draft its row did not make) is skipped: no product or attention reads it,
+ * its hidden row is left as it came, and its cache slots are zeroed. A live query whose
+ * columns are all hidden gets zeros from attention.
  * scratch: fs_decoder_scratch(d, batch * m, past + m, env->max_parts) floats.
  * isa: FS_STEP_*, an ISA the CPU has (and the OS saves the registers of).
  */

@@ -109,18 +109,25 @@ class RowLayout:
         self.width = 0
 
     def plan(
-        self, dead: Sequence[int], count: int, device: torch.device
+        self,
+        dead: Sequence[int],
+        count: int,
+        device: torch.device,
+        tails: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """For a forward of ``count`` new columns of which the first ``dead[b]`` are dead in
-        row b: ``(positions, new alive columns, attention mask or None)``."""
+        """For a forward of ``count`` new columns of which the first ``dead[b]`` and the last
+        ``tails[b]`` (drafts row b did not make) are dead in row b: ``(positions, new alive
+        columns, attention mask or None)``."""
         assert self.alive is not None
         columns = torch.arange(count, device=device).unsqueeze(0)
         lead = torch.tensor(list(dead), device=device).unsqueeze(1)
         new = columns >= lead
+        if tails is not None and any(tails):
+            new &= columns < count - torch.tensor(list(tails), device=device).unsqueeze(1)
         base = torch.tensor(self.lengths, device=device).unsqueeze(1)
         positions = (base + columns - lead).clamp_min(0)
         mask = None
-        if any(dead) or not self.dense:
+        if any(dead) or (tails is not None and any(tails)) or not self.dense:
             mask = torch.cat([self.alive, new], dim=1).to(torch.int64)
         return positions, new, mask
 

@@ -50,15 +50,27 @@ class DraftContext:
 
 @dataclass
 class Proposal:
-    """Drafted tokens (B, g) and the (B, g, V) distributions they came from (None: point masses)."""
+    """Drafted tokens (B, g) and the (B, g, V) distributions they came from (None: point masses).
+
+    ``lengths``: how many of its g drafts each row really proposes (None: all of them). A row's
+    tokens after its length are filler that is never accepted; in a ragged batch the target
+    does not even read them (their columns are dead, ``flashspec._layout``), so a row with
+    nothing to propose decodes plainly inside the batch's verification.
+    """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    lengths: list[int] | None = None
 
     @property
     def count(self) -> int:
         """Drafts per row (g)."""
         return int(self.tokens.shape[1])
+
+    @property
+    def short(self) -> bool:
+        """Whether some row proposes fewer than ``count`` drafts."""
+        return self.lengths is not None and any(n < self.count for n in self.lengths)
 
 
 def _no_drafts(tokens: torch.Tensor) -> Proposal:
@@ -299,12 +311,12 @@ class PromptLookupDrafter(Drafter):
             return _no_drafts(tokens)
         offsets = torch.arange(count, device=device).unsqueeze(0)
         positions = (start.clamp_min(0).unsqueeze(1) + offsets).clamp(max=length - 1)
-        # Rows with a shorter (or no) match are filled with their last token: any filler is
-        # exact under verification, it only costs a likely rejection.
+        # Rows with a shorter (or no) match are filled with their last token, which the
+        # proposal's lengths mark as no draft: never accepted, and not read by a ragged batch.
         drafts = torch.where(
             offsets < available.unsqueeze(1), tokens.gather(1, positions), tokens[:, -1:]
         )
-        return Proposal(drafts)
+        return Proposal(drafts, lengths=available.tolist() if batch > 1 else None)
 
 
 def load_drafters(

@@ -316,11 +316,14 @@ class CausalLM:
         padding: Padding,
         extra: torch.Tensor | None = None,
         keep: int = 1,
+        tails: list[int] | None = None,
     ) -> torch.Tensor:
         """Feed each row's committed tokens (``tokens`` (B, L), right-aligned, laid out by
         ``padding``) that the cache lacks, then ``extra`` (B, n) in every row; return the last
         ``keep`` logits, (B, keep, V). The last column fed must be a token of every row (a
-        committed one, or ``extra``)."""
+        committed one, or ``extra``), unless ``tails[b]``: the last ``tails[b]`` columns of
+        ``extra`` in row b are not its tokens (drafts it did not make: dead columns, never
+        read; their logits mean nothing). Needs the ragged layout for tails."""
         if self.rows is None:
             pending = tokens[:, self.cached :]
             ids = pending if extra is None else torch.cat([pending, extra], dim=1)
@@ -338,18 +341,21 @@ class CausalLM:
         if extra is not None and extra.shape[1]:
             ids = torch.cat([ids, extra], dim=1)
         with self._span:
-            return self._rows_forward(ids, [count - n for n in need], keep)
+            return self._rows_forward(ids, [count - n for n in need], keep, tails)
 
-    def _rows_forward(self, ids: torch.Tensor, dead: list[int], keep: int) -> torch.Tensor:
-        """One forward of ``ids`` whose first ``dead[b]`` columns are dead in row b (the rest
-        are its next tokens)."""
+    def _rows_forward(
+        self, ids: torch.Tensor, dead: list[int], keep: int, tails: list[int] | None = None
+    ) -> torch.Tensor:
+        """One forward of ``ids`` whose first ``dead[b]`` and last ``tails[b]`` columns are dead
+        in row b (the rest are its next tokens)."""
         rows = self.rows
         assert rows is not None
         if rows.width == 0 and not self._static:
             # Nothing cached: start from a fresh cache, so that no empty layer tensor of an
             # earlier batch size meets this batch's rows.
             self.cache = new_cache(self.model)
-        positions, alive, mask = rows.plan(dead, ids.shape[1], ids.device)
+        positions, alive, mask = rows.plan(dead, ids.shape[1], ids.device, tails)
+        added = [ids.shape[1] - d - t for d, t in zip(dead, tails or [0] * len(dead), strict=True)]
         if self.max_context is not None:
             positions = positions.clamp_max(self.max_context - 1)  # as in _model_forward
         if self._static and (mask is not None or ids.shape[0] != 1):
@@ -357,7 +363,7 @@ class CausalLM:
         if self._static:
             assert self.compiled is not None
             scores = self.compiled(ids, positions, rows.width, self.cache)
-            rows.append(alive, [ids.shape[1] - d for d in dead])
+            rows.append(alive, added)
             self.cached = rows.width
             return scores[:, -keep:]
         kwargs: dict[str, Any] = {
@@ -370,7 +376,7 @@ class CausalLM:
         if self.signature.logits_to_keep:
             kwargs["logits_to_keep"] = keep
         output = self.model(input_ids=ids, **kwargs)
-        rows.append(alive, [ids.shape[1] - d for d in dead])
+        rows.append(alive, added)
         self.cached = rows.width
         logits: torch.Tensor = output.logits
         return logits[:, -keep:]
@@ -628,9 +634,16 @@ class TargetModel(CausalLM):
         self._feature_buffer = torch.cat([buffer, room])
         self._feature_lengths = [*self._feature_lengths, *lengths]
 
-    def verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
+    def verify(
+        self,
+        tokens: torch.Tensor,
+        drafts: torch.Tensor,
+        padding: Padding,
+        lengths: list[int] | None = None,
+    ) -> torch.Tensor:
         """Score the committed tokens the cache lacks (of ``tokens`` (B, L)) plus the drafts in
-        one forward.
+        one forward. ``lengths``: drafts each row proposed (``Proposal.lengths``): in the ragged
+        layout the rest are dead columns, not read (None: every draft).
 
         A stateful target first feeds all but the newest pending token and marks its state
         there, at a committed column the round can return to.
@@ -639,8 +652,12 @@ class TargetModel(CausalLM):
             (B, g + 1, V) logits: entry i predicts the token after draft i - 1 (entry 0 follows
             the last committed token, entry g is the bonus position).
         """
+        g = drafts.shape[1]
+        tails = None
+        if lengths is not None and self.rows is not None and any(n < g for n in lengths):
+            tails = [g - min(max(n, 0), g) for n in lengths]
         if self._feature_hook is None:
-            return self._verify(tokens, drafts, padding)
+            return self._verify(tokens, drafts, padding, tails)
         self._fresh.clear()
         if self.rows is None:
             logits = self._verify(tokens, drafts, padding)
@@ -648,13 +665,19 @@ class TargetModel(CausalLM):
             return logits
         held = self.rows.lengths or [0] * tokens.shape[0]
         counts = [tokens.shape[1] - left for left in padding.lefts]  # each row's tokens
-        logits = self._verify(tokens, drafts, padding)
-        self._keep_row_features(counts, held, drafts.shape[1])
+        logits = self._verify(tokens, drafts, padding, tails)
+        self._keep_row_features(counts, held, g, tails)
         return logits
 
-    def _verify(self, tokens: torch.Tensor, drafts: torch.Tensor, padding: Padding) -> torch.Tensor:
+    def _verify(
+        self,
+        tokens: torch.Tensor,
+        drafts: torch.Tensor,
+        padding: Padding,
+        tails: list[int] | None = None,
+    ) -> torch.Tensor:
         if self.rows is not None:
-            return self.feed(tokens, padding, drafts, keep=drafts.shape[1] + 1)
+            return self.feed(tokens, padding, drafts, keep=drafts.shape[1] + 1, tails=tails)
         pending = tokens[:, self.cached :]
         if self.support.stateful:
             if pending.shape[1] > 1:
@@ -727,17 +750,21 @@ class TargetModel(CausalLM):
         buffer[:, end - hidden.shape[1] : end] = hidden
         self._feature_columns = end
 
-    def _keep_row_features(self, counts: list[int], held: list[int], drafts: int) -> None:
+    def _keep_row_features(
+        self, counts: list[int], held: list[int], drafts: int, tails: list[int] | None = None
+    ) -> None:
         """Rows with their own columns: row b held ``held[b]`` of its ``counts[b]`` tokens, so
-        the forward read its tokens from there on, then the drafts, at the rectangle's right
-        end (``CausalLM.feed``)."""
+        the forward read its tokens from there on, then its drafts, which end ``tails[b]``
+        columns before the rectangle's right end (``CausalLM.feed``)."""
         hidden = self._take_fresh()
         assert hidden is not None
-        ends = [n + drafts for n in counts]
+        tails = tails or [0] * len(counts)
+        ends = [n + drafts - t for n, t in zip(counts, tails, strict=True)]
         buffer = self._buffer_for(hidden, max(ends))
-        for row, (n, h, end) in enumerate(zip(counts, held, ends, strict=True)):
+        width = hidden.shape[1]
+        for row, (n, h, end, t) in enumerate(zip(counts, held, ends, tails, strict=True)):
             read = end - min(h, n)
-            buffer[row, end - read : end] = hidden[row, hidden.shape[1] - read :]
+            buffer[row, end - read : end] = hidden[row, width - t - read : width - t]
         self._feature_lengths = ends
 
     def feature_counts(self, padding: Padding) -> list[int] | None:

@@ -323,23 +323,37 @@ def _emit_position(accepted: torch.Tensor, ragged: bool) -> torch.Tensor:
     return accepted if ragged else accepted.min()
 
 
+def _within(ok: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """``ok`` (B, g) with the positions at or past each row's length (a draft the row did not
+    propose, ``Proposal.lengths``) false."""
+    if lengths is None:
+        return ok
+    columns = torch.arange(ok.shape[1], device=ok.device).unsqueeze(0)
+    return ok & (columns < lengths.to(ok.device).unsqueeze(1))
+
+
 def _draft_at(drafts: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     # Rows needing draft m exist only when m < g, so clamping for m == g is harmless.
     return _at(drafts, m.clamp(max=drafts.shape[1] - 1))
 
 
 def accept_greedy(
-    target_logits: torch.Tensor, drafts: torch.Tensor, *, ragged: bool = False
+    target_logits: torch.Tensor,
+    drafts: torch.Tensor,
+    *,
+    ragged: bool = False,
+    lengths: torch.Tensor | None = None,
 ) -> Acceptance:
     """Greedy verification: accept drafts while they equal the target's argmax.
 
     The emitted token is the target's argmax at the row's emit position (see the module
     docstring), so the output is the target's greedy continuation token for token.
+    ``lengths`` (B,): drafts each row proposed (``Proposal.lengths``); None: all.
     """
     # max().indices: same first-maximum rule as argmax, about twice as fast on CPU.
     best = target_logits.max(dim=-1).indices  # (B, g + 1)
     g = drafts.shape[1]
-    ok = drafts == best[:, :g]
+    ok = _within(drafts == best[:, :g], lengths)
     accepted = _leading_run(ok)
     token = _at(best, _emit_position(accepted, ragged))
     return Acceptance(accepted=accepted, token=token, probability=ok.double())
@@ -353,6 +367,7 @@ def accept_rejection(
     backend: ResidualBackend = "auto",
     *,
     ragged: bool = False,
+    lengths: torch.Tensor | None = None,
 ) -> Acceptance:
     """Speculative sampling (Leviathan et al. 2023, Algorithm 1), batched.
 
@@ -366,6 +381,8 @@ def accept_rejection(
         q: (B, g, V) the distributions the drafts were sampled from, or None when each draft was
             proposed deterministically (a point mass, as prompt lookup does).
         drafts: (B, g) int64.
+        lengths: (B,) drafts each row proposed (``Proposal.lengths``); None: all g. A row
+            whose run reaches its length draws the bonus token there from p, as at g.
     """
     batch, g = drafts.shape
     u = torch.rand((batch, g + 1), generator=generator, device=p.device, dtype=torch.float64)
@@ -378,10 +395,15 @@ def accept_rejection(
         ok = u[:, :g] * q_draft < p_draft
         # q(d) > 0 for a draft sampled from q; the floor only guards a hand-made proposal.
         probability = (p_draft.double() / q_draft.double().clamp_min(1e-300)).clamp(max=1.0)
+    ok = _within(ok, lengths)
+    probability = probability * _within(torch.ones_like(ok), lengths)
     accepted = _leading_run(ok)
     m = _emit_position(accepted, ragged)
     # (B, 1) per row, or a scalar: whether the emit position still has a draft to reject.
-    rejected = (m < g).view(-1, 1) if ragged else m < g
+    if lengths is not None:
+        rejected = (m < lengths.to(m.device)).view(-1, 1)
+    else:
+        rejected = (m < g).view(-1, 1) if ragged else m < g
 
     p_m = _at(p, m)
     if g == 0:
@@ -406,6 +428,7 @@ def accept_typical(
     delta: float,
     *,
     ragged: bool = False,
+    lengths: torch.Tensor | None = None,
 ) -> Acceptance:
     """LOSSY typical acceptance (as in Medusa): accept draft i while
     ``p_i(d_i) > min(epsilon, delta * exp(-H(p_i)))``; the replacement is drawn from p_m.
@@ -416,7 +439,7 @@ def accept_typical(
     p_draft = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
     entropy = -torch.special.xlogy(p[:, :g], p[:, :g]).sum(dim=-1)
     threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
-    ok = p_draft > threshold
+    ok = _within(p_draft > threshold, lengths)
     accepted = _leading_run(ok)
     m = _emit_position(accepted, ragged)
     u = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)

@@ -29,6 +29,7 @@ pytest.importorskip("accelerate")
 import numpy as np
 import torch
 from chi2_helpers import assert_first_two_follow
+from drafter_helpers import CutLookup
 from gguf_helpers import EOS_ID
 from quant_helpers import (
     LOOKUP_PROMPTS,
@@ -46,6 +47,7 @@ import flashspec.quant.decoder as decoder
 import flashspec.quant.ops as quant_ops
 import flashspec.quant.threads as quant_threads
 from flashspec import (
+    BanditConfig,
     FlashSpecConfig,
     PromptLookupDrafter,
     SamplingConfig,
@@ -249,6 +251,31 @@ def test_ragged_batches_take_the_c_step_and_every_row_equals_its_own_generate(
         for got in (result.tokens[row], tail):
             verdict = compare_greedy(loaded.reference, prompt, got, want[: len(got)])
             assert verdict.status != "mismatch", (row, verdict.at, got, want)
+
+
+def test_rows_drafting_different_lengths_in_the_c_step_equal_their_own_generate(
+    files: Any, counting: Counting
+) -> None:
+    """Rows proposing 0 to gamma drafts in one verification: the C step skips each row's dead
+    draft columns (no product reads them), and every row still equals its own ``generate``."""
+    loaded = files(VARIANTS[1])
+    model, _ = loaded.quantized()
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    drafter = CutLookup()
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=4), bandit=BanditConfig(batches="fixed")),
+        [drafter],
+        target,
+    )
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in LOOKUP_PROMPTS]
+    result = engine.generate(prompts, max_new_tokens=30)
+    assert any(0 in lengths and max(lengths) > 0 for lengths in drafter.lengths)
+    assert counting.steps >= result.stats.rounds > 0
+    for row, prompt in enumerate(prompts):
+        got = result.tokens[row]
+        want = hf_greedy(loaded.reference, prompt, 30)
+        verdict = compare_greedy(loaded.reference, prompt, got, want)
+        assert verdict.status != "mismatch", (row, verdict.at, got, want)
 
 
 def test_a_row_joining_a_running_quantized_batch_equals_its_own_generate(

@@ -432,3 +432,26 @@ def test_counts_follow_the_decay_recursion_across_rescales() -> None:
         want[drafter] = [n + (tried[i] if i < g else 0.0) for i, n in enumerate(want[drafter])]
     for d in (0, 1):
         assert model._counts(0, 0, d)[0] == pytest.approx(want[d], rel=1e-9)
+
+
+@pytest.mark.parametrize("packs", [True, False])
+def test_a_batch_drafts_when_the_target_verifies_only_what_rows_proposed(packs: bool) -> None:
+    """8 rows whose drafts are accepted 0.8 of the time but which propose a quarter of the
+    drafts asked, at 1 ms a verified token. A target that skips the drafts rows did not make
+    (``verified``) verifies 8 * (1 + 4 / 4) tokens a round of 4, and drafting pays; one that
+    computes the whole rectangle verifies 40, and plain decoding (8 tokens) pays."""
+    model = ThroughputModel([(0, None), (None, 0)], 1, max_gamma=4, seed=3)
+    model.ragged = True  # each row commits its own accepted drafts
+    rows, gamma, per_token = 8, 4, 1e-3
+    tried = [rows * 0.8**i for i in range(gamma)]
+    counts = (tried, [t * 0.8 for t in tried])
+    live = rows + rows * gamma // 4
+    for _ in range(150):
+        verified = live if packs else rows * (gamma + 1)
+        model.observe(0, 0, gamma, counts, 1e-4, verified * per_token, rows=rows,
+                      verified=live if packs else None)  # fmt: skip
+        model.observe(0, None, 0, ([], []), 0.0, rows * per_token, rows=rows)
+    assert model._fill[0] == pytest.approx(0.25 if packs else 1.0, abs=0.01)
+    picks = [model.arms[model.choose(0, rows)[0]][0] for _ in range(40)]
+    drafting = sum(p == 0 for p in picks)
+    assert drafting >= 30 if packs else drafting <= 10, picks

@@ -214,7 +214,8 @@ def decoder_reference(
     """A Llama decoder step of one row in float64 (the contract of ext/quant_step.h): the
     hidden states after every layer and the cache with positions past .. past + m - 1
     written. ``mask``: None, or the row's visible key columns (nonzero: visible); a query that
-    sees none gets zeros from attention."""
+    sees none gets zeros from attention, and a position whose own column is hidden (a dead one)
+    keeps its input row and gets zeros in the cache."""
     h = hidden.astype(np.float64)
     cache = kv.astype(np.float64)
     m, hd = cos.shape
@@ -256,6 +257,10 @@ def decoder_reference(
         x = rms(h, w["post_norm"])
         gate, up = x @ w["gate"].T, x @ w["up"].T
         h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w["down"].T
+    if mask is not None:
+        dead = np.flatnonzero(np.asarray(mask)[past : past + m] == 0)
+        h[dead] = hidden[dead]
+        cache[:, :, :, past + dead] = 0.0
     return h, cache
 
 

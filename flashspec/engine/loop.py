@@ -27,6 +27,7 @@ from ..models import (
     check_same_vocabulary,
 )
 from ..profiling import span
+from ..quant.decoder import packs_dead_columns
 from ..quant.threads import round_threads
 from ..sampling import Acceptance, Warper, accept_greedy, accept_rejection, accept_typical
 from ..select.bandit import Selector
@@ -138,6 +139,9 @@ class SpeculativeEngine:
         """Hooks called before every round with its ``RoundView`` (e.g. to probe what other
         drafters would have done); they must leave the generation as they found it."""
         self.compiled: CompileDecision = self._compile(long_lived)
+        # Whether the target's forward skips a batch's dead columns (the quantized C step): a
+        # round whose rows drafted fewer then costs what it verified, not the rectangle.
+        self._packs = packs_dead_columns(target.model)
 
     def warm_up(self) -> float:
         """Compile the compiled path's steps now instead of in the first generation (no-op
@@ -526,7 +530,8 @@ class SpeculativeEngine:
         drafted_at = time.perf_counter()
 
         # 2. verify
-        logits = self.target.verify(gen.tokens, proposal.tokens, gen.padding)
+        lengths = proposal.lengths if proposal.short and gen.ragged else None
+        logits = self.target.verify(gen.tokens, proposal.tokens, gen.padding, lengths)
         verified_at = time.perf_counter()
 
         # 3. accept / reject, and the round's single host read
@@ -577,6 +582,7 @@ class SpeculativeEngine:
                 other_seconds=(chosen_at - start) + (end - drafted_at),
                 seconds=end - start - setup,
                 emitted=emitted,
+                verified=None if lengths is None or not self._packs else sum(lengths) + rows,
             ),
         )
         stats.time_draft += drafted_at - start
@@ -631,9 +637,14 @@ class SpeculativeEngine:
         for adjuster in gen.adjusters:
             logits = adjuster.target(logits, proposal.tokens)
         ragged = gen.ragged
+        lengths = (
+            torch.tensor(proposal.lengths, dtype=torch.int64, device=logits.device)
+            if proposal.short and proposal.lengths is not None
+            else None
+        )
         if method == "greedy":
             with span("accept"):
-                return accept_greedy(logits, proposal.tokens, ragged=ragged)
+                return accept_greedy(logits, proposal.tokens, ragged=ragged, lengths=lengths)
         p = gen.warper.probs(logits)
         with span("accept"):
             if method == "typical":
@@ -644,9 +655,16 @@ class SpeculativeEngine:
                     sampling.typical_epsilon,
                     sampling.typical_delta,
                     ragged=ragged,
+                    lengths=lengths,
                 )
             return accept_rejection(
-                p, proposal.probs, proposal.tokens, generator, sampling.residual, ragged=ragged
+                p,
+                proposal.probs,
+                proposal.tokens,
+                generator,
+                sampling.residual,
+                ragged=ragged,
+                lengths=lengths,
             )
 
     @property

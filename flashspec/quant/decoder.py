@@ -259,10 +259,17 @@ def attach(model: torch.nn.Module) -> int:
     return count
 
 
+def packs_dead_columns(model: Any) -> bool:
+    """Whether ``model``'s decoder runs the C step, which skips the dead columns of a batch's
+    forward (padding, drafts a row did not make) instead of computing them."""
+    modules = getattr(model, "modules", None)
+    return modules is not None and any(fused_of(m) is not None for m in modules())
+
+
 def fused_of(module: torch.nn.Module) -> FusedDecoder | None:
     """The fused decoder ``attach`` gave ``module``, if any."""
     fused: FusedDecoder | None = module.__dict__.get("_flashspec_fused")
     return fused
 
 
-__all__ = ["ENV", "FusedDecoder", "attach", "fused_decoder", "fused_of"]
+__all__ = ["ENV", "FusedDecoder", "attach", "fused_decoder", "fused_of", "packs_dead_columns"]

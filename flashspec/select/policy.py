@@ -71,6 +71,9 @@ class Outcome:
             stopping): the target side of the throughput model.
         seconds: the round's wall time, less that first reading.
         emitted: tokens the round committed over all rows, before stopping.
+        verified: tokens the verification computed over all rows (None: rows x (drafted +
+            1)); fewer when rows proposed fewer drafts and the target skips their dead
+            columns (``Proposal.lengths``).
     """
 
     drafted: int
@@ -81,6 +84,7 @@ class Outcome:
     other_seconds: float
     seconds: float
     emitted: int
+    verified: int | None = None
 
 
 def arms_of(drafters: Sequence[Drafter], bandit: BanditConfig) -> list[Arm]:
@@ -235,6 +239,7 @@ class ThroughputPolicy(Policy):
             outcome.other_seconds,
             full=choice.full,
             rows=outcome.rows,
+            verified=outcome.verified,
         )
 
 

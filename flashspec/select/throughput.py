@@ -100,6 +100,7 @@ _COST_MEMORY = 50
 _SLOPE_DECAY = 0.998
 _LINE_DECAY = 0.995
 _MIN_SPREAD = 0.25  # variance of the lengths below which a slope is not fitted
+_FILL_DECAY = 0.95  # memory of a drafter's share of drafts its rows really proposed (~20 rounds)
 _MIN_SECONDS = 1e-6  # floor of a predicted round time
 
 
@@ -145,7 +146,7 @@ class _CostLine:
         """Weighted mean of the measured seconds (the line's level, free of its slope)."""
         return max(self.t / self.weight, _MIN_SECONDS)
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: float) -> float:
         mean_n, mean_t, slope = self._fit()
         return max(mean_t + slope * (n - mean_n), _MIN_SECONDS)
 
@@ -314,6 +315,10 @@ class ThroughputModel:
         self._catch_up = [0.0] * self.n_drafters
         self._catch_up_rounds = [0] * self.n_drafters
         self._line = _CostLine()
+        # Per drafter, the share of the drafts asked that its rows really proposed, in rounds
+        # whose target skipped the rest (``observe``'s verified): such a round of length g
+        # verifies rows * (1 + fill * g) tokens, not the rectangle.
+        self._fill = [1.0] * self.n_drafters
         self._plans: dict[tuple[int, bool, int, bool], _Plan] = {}
         self.rounds = 0
 
@@ -456,7 +461,8 @@ class ThroughputModel:
                 rate, g = rows / plan.verify[1], 0
             else:
                 g = min(plan.lengths[index], limit)
-                seconds = plan.fixed[index] + plan.per_draft[index] * g + plan.verify[g + 1]
+                verify = plan.verify_of[drafter][g + 1]
+                seconds = plan.fixed[index] + plan.per_draft[index] * g + verify
                 if drafter != last:
                     # A switch pays the drafter's catch-up now, whatever the draw says: free,
                     # a slower drafter's lucky draws would each cost a round at its rate plus
@@ -481,6 +487,12 @@ class ThroughputModel:
             return plan
         verify = self._line.many(self.positions + 2, step=rows)
         verify_mean = self._line.mean_seconds()
+        # Per drafter, the target side's seconds by tokens per row (1 + draft length), its
+        # fill applied to the drafts.
+        verify_of = {
+            d: [self._line(rows * (1.0 + fill * max(k - 1, 0))) for k in range(len(verify))]
+            for d, fill in enumerate(self._fill)
+        }
         drafters = sorted({d for d, _ in self.arms if d is not None})
         alpha, beta = (
             self._posteriors(state, full, drafters) if drafters else (np.zeros((0, 0)),) * 2
@@ -504,7 +516,8 @@ class ThroughputModel:
                 # The best length under the posterior means. Tokens are concave in the length
                 # and seconds convex, so their ratio rises to this length and falls after it:
                 # where less room is left, the room itself is the best length (choose clips).
-                seconds = parts[0] + parts[1] * every + verify[2 : self.max_gamma + 2]
+                targets = np.array(verify_of[drafter][2 : self.max_gamma + 2])
+                seconds = parts[0] + parts[1] * every + targets
                 rates = mean_tokens[row_of[drafter], 1 : self.max_gamma + 1] / seconds
                 g = int(rates.argmax()) + 1
             lengths.append(g)
@@ -521,6 +534,7 @@ class ThroughputModel:
             fixed=fixed,
             per_draft=per_draft,
             verify=verify.tolist(),
+            verify_of=verify_of,
             alpha={d: alpha[row_of[d], :g] for d, g in longest.items()},
             beta={d: beta[row_of[d], :g] for d, g in longest.items()},
         )
@@ -559,6 +573,7 @@ class ThroughputModel:
         *,
         full: bool = False,
         rows: int = 1,
+        verified: int | None = None,
     ) -> None:
         """Learn from one round.
 
@@ -573,9 +588,14 @@ class ThroughputModel:
                 ``choose``).
             rows: live rows of the round (its verification read ``rows * (drafted + 1)``
                 tokens).
+            verified: tokens the verification computed, when fewer than that (rows that
+                proposed fewer drafts, whose dead columns the target skips).
         """
         self.rounds += 1
-        self._line.add(rows * (drafted + 1), other_seconds)
+        self._line.add(rows * (drafted + 1) if verified is None else verified, other_seconds)
+        if verified is not None and drafter is not None and drafted > 0:
+            live = min(max((verified - rows) / (rows * drafted), 0.0), 1.0)
+            self._fill[drafter] = _FILL_DECAY * self._fill[drafter] + (1.0 - _FILL_DECAY) * live
         switched, self._last_drafter = drafter != self._last_drafter, drafter
         f = int(full)
         for d in range(self.n_drafters):
@@ -633,6 +653,7 @@ class _Plan:
     fixed: list[float]
     per_draft: list[float]
     verify: list[float]
+    verify_of: dict[int, list[float]]
     alpha: dict[int, np.ndarray]
     beta: dict[int, np.ndarray]
     tokens: list[dict[int, list[float]]] = field(default_factory=list)
