@@ -1102,6 +1102,10 @@ def sections() -> dict[str, str]:
         mixed = RESULTS / "serve_load_mixed.json"
         if mixed.exists():
             serve += ["", "Mixed request lengths:", "", serve_section(_load(mixed))]
+        smollm2 = RESULTS / "serve_load_smollm2.json"
+        if smollm2.exists():
+            serve += ["", "SmolLM2 from its GGUF file (quantized layers):", ""]
+            serve.append(serve_section(_load(smollm2)))
         bodies["SERVE-LOAD"] = "\n".join(serve)
     if REPLICAS_JSON.exists():
         bodies["REPLICAS-BENCH"] = replicas_section(_load(REPLICAS_JSON))

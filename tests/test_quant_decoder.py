@@ -78,12 +78,15 @@ class Counting:
     def __init__(self) -> None:
         self.steps = 0
         self.module = quant_ops.kernels()
+        self.stores: list[tuple[int, int]] = []  # (rows, address) of each step's cache array
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.module, name)
 
     def decoder_step(self, *args: Any) -> None:
         self.steps += 1
+        kv = args[4]
+        self.stores.append((kv.shape[2], kv.__array_interface__["data"][0]))
         self.module.decoder_step(*args)
 
 
@@ -283,8 +286,8 @@ def test_a_row_joining_a_running_quantized_batch_equals_its_own_generate(
 ) -> None:
     """Continuous batching on the C step: a prompt joins after the first round (its prefill
     read into a running batch, the store rebuilt for three rows), and a row that finishes
-    early leaves (rebuilt again for two); every row equal to the dequantized model's
-    ``generate`` of its prompt alone."""
+    early leaves (rebuilt again for two, in the buffer it had: no new allocation); every row
+    equal to the dequantized model's ``generate`` of its prompt alone."""
     loaded = files(VARIANTS[1])
     model, _ = loaded.quantized()
     target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
@@ -300,6 +303,10 @@ def test_a_row_joining_a_running_quantized_batch_equals_its_own_generate(
     assert joined == 2 and stream.result is not None
     assert counting.steps >= stream.result.stats.rounds
     assert target.cache.__dict__.get("_flashspec_kv") is not None
+    rows_at = {}
+    for rows, address in counting.stores:
+        rows_at.setdefault(address, set()).add(rows)
+    assert any(len(rows) > 1 for rows in rows_at.values()), counting.stores
     for row, (prompt, limit) in enumerate(zip(prompts, [30, 8, 30], strict=True)):
         got = stream.result.tokens[row]
         want = hf_greedy(loaded.reference, prompt, limit)

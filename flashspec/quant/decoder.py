@@ -44,13 +44,31 @@ CHUNK_ROWS = 256
 
 class _KVStore:
     """Every layer's keys and values in one float32 buffer, [2 * layers, rows, kv_heads, cap,
-    hd] (keys of layer l at 2l, values at 2l + 1)."""
+    hd] (keys of layer l at 2l, values at 2l + 1), the front of ``flat``.
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, head_dim: int, cap: int) -> None:
-        capacity = cap
+    ``spare``: an earlier store's ``flat`` that no layer reads any more, reused when it holds
+    at least ``cap`` columns for these rows (the capacity is then all it holds): a batch whose
+    rows join and leave (the server's continuous batching) changes its row count every few
+    rounds, and a fresh buffer of a few hundred MB costs its page faults each time."""
+
+    def __init__(
+        self,
+        layers: int,
+        rows: int,
+        kv_heads: int,
+        head_dim: int,
+        cap: int,
+        spare: torch.Tensor | None = None,
+    ) -> None:
+        column = 2 * layers * rows * kv_heads * head_dim  # floats of one column
+        if spare is not None and spare.numel() >= column * cap:
+            flat, capacity = spare, spare.numel() // column
+        else:
+            flat, capacity = torch.empty(column * cap), cap
+        self.flat = flat
         self.capacity = capacity
         self.rows = rows
-        self.buf = torch.empty((2 * layers, rows, kv_heads, capacity, head_dim))
+        self.buf = flat[: column * capacity].view(2 * layers, rows, kv_heads, capacity, head_dim)
         self.array = self.buf.view(layers, 2, rows, kv_heads, capacity, head_dim).numpy()
         self.pointers = [self.buf[i].data_ptr() for i in range(2 * layers)]
         self.strides = (kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1)
@@ -160,13 +178,15 @@ class FusedDecoder:
             return None
         first_keys: Any = layers[0].keys
         past = int(first_keys.shape[-2]) if first_keys.dim() == 4 else 0
-        store: _KVStore | None = cache.__dict__.get(_STORE_ATTR)
-        if store is not None and store.rows != batch:
-            store = None  # rows joined or left: the layers hold their own tensors now
-        if store is None or store.capacity < past + m:
-            # Grow geometrically: copies stay O(1) a position over a long generation.
-            wanted = past + m + max(_GROW_POSITIONS, (store.capacity // 2) if store else 0)
-            store = _KVStore(self.layers, batch, self.kv_heads, self.head_dim, wanted)
+        old: _KVStore | None = cache.__dict__.get(_STORE_ATTR)
+        store = old
+        if store is None or store.rows != batch or store.capacity < past + m:
+            # Grow geometrically: copies stay O(1) a position over a long generation. Rows that
+            # joined or left come as the layers' own tensors: the old buffer is free again.
+            headroom = old.capacity // 2 if old is not None and old.rows == batch else 0
+            wanted = past + m + max(_GROW_POSITIONS, headroom)
+            spare = None if old is None or _reads(layers, old.flat) else old.flat
+            store = _KVStore(self.layers, batch, self.kv_heads, self.head_dim, wanted, spare)
         shape = (batch, self.kv_heads, past, self.head_dim)
         for index, layer in enumerate(layers):
             keys: Any = layer.keys
@@ -193,6 +213,17 @@ class FusedDecoder:
             store.buf[2 * index + 1, :, :, :past].copy_(values)
         cache.__dict__[_STORE_ATTR] = store
         return past
+
+
+def _reads(layers: list[Any], flat: torch.Tensor) -> bool:
+    """Whether any layer's keys or values lie in ``flat``."""
+    start = flat.data_ptr()
+    end = start + flat.numel() * flat.element_size()
+    for layer in layers:
+        for tensor in (layer.keys, layer.values):
+            if tensor is not None and tensor.numel() and start <= tensor.data_ptr() < end:
+                return True
+    return False
 
 
 def _is_silu(act: Any) -> bool:
