@@ -468,8 +468,13 @@ def _serve_budget(value: int | list[int]) -> str:
 def serve_section(data: dict[str, Any]) -> str:
     s = data["settings"]
     modes = s.get("modes", ["batched", "unbatched"])
+    target = s.get("target")
+    model = "the demo pair" if target in (None, "demo") else f"`{target}` (its default engine)"
+    command = "python benchmarks/load_server.py" + (
+        "" if target in (None, "demo") else f" --target {target}"
+    )
     lines = [
-        f"`python benchmarks/load_server.py` ({_versions(data['machine'])}): the demo pair, "
+        f"`{command}` ({_versions(data['machine'])}): {model}, "
         f"{s['requests']} requests per client of {_serve_budget(s['max_tokens'])} new tokens, "
         "HumanEval "
         f"prompts, clients in the server's process; continuous = `--batching continuous "
