@@ -204,6 +204,27 @@ def test_logprobs_equal_hf_output_logits(rows: int) -> None:
             )
 
 
+def test_prompt_logprobs_equal_hf_scoring_the_prompt() -> None:
+    """``engine.prompt_logprobs`` (the server's ``echo``): token i + 1 of the prompt scored by
+    the log-softmax of the target's logits at position i over the whole prompt, top 3 too;
+    bad ids and bounds are ValueErrors naming them."""
+    eng = engine(SamplingConfig(gamma=4))
+    target, _ = models()
+    prompt = PROMPTS[0]
+    entries = eng.prompt_logprobs(prompt, 3)
+    with torch.inference_mode():
+        logp = target(torch.tensor([prompt])).logits[0].double().log_softmax(-1)
+    assert [e.token for e in entries] == prompt[1:]
+    for i, entry in enumerate(entries):
+        assert abs(entry.logprob - float(logp[i, prompt[i + 1]])) < 1e-4
+        assert [t for t, _ in entry.top] == logp[i].topk(3).indices.tolist()
+    assert eng.prompt_logprobs(prompt[:1]) == []
+    with pytest.raises(ValueError, match="prompt_ids"):
+        eng.prompt_logprobs([VOCAB])
+    with pytest.raises(ValueError, match="top"):
+        eng.prompt_logprobs(prompt, 21)
+
+
 def test_streamed_logprobs_match_the_result_and_stop_cuts_them() -> None:
     eng = engine(SamplingConfig(gamma=4))
     stream = eng.stream([PROMPTS[0]], max_new_tokens=20, ignore_eos=True, logprobs=0)

@@ -170,6 +170,60 @@ def test_n_choices_and_seeds(client: Any) -> None:
     assert len({c.text for c in answer.choices[:3]}) > 1  # the choices draw apart
 
 
+def test_best_of_returns_the_candidates_of_the_highest_mean_logprob(client: Any) -> None:
+    """best_of=4, n=2: the two candidates (of the four that n=4 draws with the same seed) of
+    the highest mean token logprob, in their order; usage counts all four; logprobs shown
+    only when asked."""
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": "ab", "max_tokens": 8, "seed": 9}
+    every = client.completions.create(**kwargs, temperature=1.0, n=4, logprobs=0)
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in every.choices]
+    best = sorted(sorted(range(4), key=lambda i: (-means[i], i))[:2])
+    assert best != [0, 1]  # the first n would not do
+    answer = client.completions.create(**kwargs, temperature=1.0, n=2, best_of=4)
+    assert [c.text for c in answer.choices] == [every.choices[i].text for i in best]
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert all(c.logprobs is None for c in answer.choices)
+    assert answer.usage.completion_tokens == every.usage.completion_tokens
+    shown = client.completions.create(**kwargs, temperature=1.0, n=2, best_of=4, logprobs=1)
+    assert [c.text for c in shown.choices] == [c.text for c in answer.choices]
+    assert all(len(c.logprobs.top_logprobs[0]) == 1 for c in shown.choices)
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(client: Any) -> None:
+    """echo: each choice's text starts with its prompt; with logprobs the prompt's tokens come
+    first, the first without a logprob, the rest equal to HF's log-softmax of the target over
+    the prompt (within 1e-4, top alternatives too), then the generated tokens as without
+    echo. Streamed, the prompt is the first chunk."""
+    tokenizer = build_char_tokenizer(extra="{}")
+    prompt = "def f(x):"
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    plain = client.completions.create(**kwargs, logprobs=2)
+    echoed = client.completions.create(**kwargs, logprobs=2, echo=True)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    lp = echoed.choices[0].logprobs
+    head = len(ids)
+    assert lp.tokens[:head] == [tokenizer.decode([t]) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    with torch.inference_mode():
+        logp = target()(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    for i in range(1, head):
+        assert abs(lp.token_logprobs[i] - float(logp[i - 1, ids[i]])) < 1e-4
+        want = {
+            tokenizer.decode([int(t)]): float(v) for v, t in zip(*logp[i - 1].topk(2), strict=True)
+        }
+        got = lp.top_logprobs[i]
+        assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-4 for k in want)
+    assert lp.token_logprobs[head:] == pytest.approx(plain.choices[0].logprobs.token_logprobs)
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+    chunks = [
+        c.choices[0].text
+        for c in client.completions.create(**kwargs, echo=True, stream=True)
+        if c.choices
+    ]
+    assert chunks[0] == prompt and "".join(chunks) == echoed.choices[0].text
+
+
 def test_json_schema_outputs_always_parse(client: Any) -> None:
     texts: list[str] = []
     for seed in range(4):

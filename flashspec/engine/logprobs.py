@@ -49,3 +49,22 @@ def emitted_logprobs(
             row.append(TokenLogprob(token, chosen[b][i], alternatives))
         out.append(row)
     return out
+
+
+def prompt_logprobs(model: torch.nn.Module, ids: list[int], top: int) -> list[TokenLogprob]:
+    """The target's log-probability of each prompt token after the first, given the tokens
+    before it (and its ``top`` most likely alternatives): one forward of the whole prompt, no
+    cache, the raw logits' log-softmax as for emitted tokens (what ``echo`` reports).
+
+    Args:
+        model: the target's causal LM.
+        ids: the prompt's token ids (its first has no logprob: nothing precedes it).
+        top: alternatives per token (0: the token's own logprob only).
+    """
+    if len(ids) < 2:
+        return []
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits
+    # Position i predicts token i + 1.
+    return emitted_logprobs(logits[:, :-1], [list(ids[1:])], top)[0]

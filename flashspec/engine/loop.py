@@ -45,9 +45,9 @@ from ..select.throughput import ThroughputModel
 from .chat import Messages, chat_ids
 from .generation import Generation, Row
 from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
-from .logprobs import emitted_logprobs
+from .logprobs import MAX_TOP, emitted_logprobs, prompt_logprobs
 from .penalties import draft_adjust, round_adjusters
-from .results import GenerationResult, StreamChunk, TokenStream
+from .results import GenerationResult, StreamChunk, TokenLogprob, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
 
 LOG = logging.getLogger("flashspec")
@@ -391,6 +391,23 @@ class SpeculativeEngine:
             generation,
             lambda prompt, limit, stop: self._join(generation, prompt, limit, stop),
         )
+
+    def prompt_logprobs(self, prompt_ids: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+        """The target's log-probability of each token of a prompt after its first, given the
+        tokens before it, with its ``top`` most likely alternatives (0 to 20): the raw
+        logits' log-softmax, as ``generate(..., logprobs=)`` reports emitted tokens (the
+        server's ``echo``). One forward of the whole prompt; call it between generations.
+
+        Raises:
+            ValueError: ids that are not the target's tokens, or ``top`` out of range.
+        """
+        ids = [int(t) for t in prompt_ids]
+        vocab = self.target.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt_ids must be token ids in [0, {vocab})")
+        if not is_int(top, minimum=0) or top > MAX_TOP:
+            raise ValueError(f"top must be an integer in [0, {MAX_TOP}], got {top!r}")
+        return prompt_logprobs(self.target.model, ids, top)
 
     def chat(
         self,

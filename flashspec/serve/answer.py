@@ -58,7 +58,7 @@ async def answer(service: Service, request: Request, shapes: Shapes) -> Response
         if not await generation.complete(request):
             # The client left: nobody reads this; 499 is what the metrics record.
             return Response(status_code=499)
-        return JSONResponse(shapes.whole(envelope, generation.choices, generation.usage()))
+        return JSONResponse(shapes.whole(envelope, generation.answered(), generation.usage()))
     return responses.EventStream(
         _events(generation, envelope, shapes), lambda: generation.cancel("disconnect")
     )

@@ -22,10 +22,24 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
     stops = stop_strings(request.stop)
     items = prompt_items(request.prompt)
     n = request.n or 1
-    if len(items) * n > service.worker.max_queue:
+    best_of = request.best_of or n
+    if best_of < n:
         raise invalid(
-            f"prompt holds {len(items)} prompts, {len(items) * n} choices with n={n}, but "
-            f"this server queues at most {service.worker.max_queue}; send fewer per request",
+            f"best_of ({best_of}) must be at least n ({n}): the best n of best_of candidates "
+            "are returned",
+            param="best_of",
+        )
+    if best_of > n and request.stream:
+        raise invalid(
+            "best_of above n cannot be streamed (the best candidates are known only at the "
+            "end); send stream=false, or leave best_of out",
+            param="best_of",
+        )
+    if len(items) * best_of > service.worker.max_queue:
+        raise invalid(
+            f"prompt holds {len(items)} prompts, {len(items) * best_of} generations with "
+            f"n={n} and best_of={best_of}, but this server queues at most "
+            f"{service.worker.max_queue}; send fewer per request",
             param="prompt",
         )
     # Every check that needs no tokenizer first: a request refused anyway costs no
@@ -60,7 +74,14 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
         group=group,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
-        n=request.n or 1,
+        n=n,
+        best_of=best_of,
+        echoes=[
+            item if isinstance(item, str) else str(service.tokenizer.decode(item))
+            for item in items
+        ]
+        if request.echo
+        else None,
         logprobs=request.logprobs,
         grammar=grammar,
     )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import time
 from collections.abc import AsyncGenerator, Callable, Hashable
 from dataclasses import dataclass
@@ -44,12 +46,27 @@ class Prepared:
     stream: bool
     include_usage: bool
     n: int = 1  # choices per prompt: choice i * n + j is prompt i's j-th
+    best_of: int | None = None  # candidates per prompt (None: n), the best n returned
+    echoes: list[str] | None = None  # per prompt, its text to put before each choice's
     logprobs: int | None = None  # report logprobs with this many alternatives
     grammar: Grammar | None = None  # the structure every choice's text must follow
 
     def __post_init__(self) -> None:
         # A batch's rows share one logprobs setting and one grammar.
-        self.group = (self.group, self.logprobs, self.grammar)
+        self.group = (self.group, self.job_logprobs, self.grammar)
+
+    @property
+    def candidates(self) -> int:
+        """Generations per prompt: ``best_of``, or ``n``."""
+        return max(self.best_of or self.n, self.n)
+
+    @property
+    def job_logprobs(self) -> int | None:
+        """The logprobs the jobs compute: those asked for, or at least each token's own when
+        candidates are ranked by them (``best_of`` above ``n``)."""
+        if self.candidates > self.n and self.logprobs is None:
+            return 0
+        return self.logprobs
 
 
 @dataclass
@@ -63,6 +80,7 @@ class Choice:
     finish_reason: str | None = None
     done: bool = False
     logprobs: list[TokenInfo] | None = None  # one per token, when the request asked
+    echoed: int = 0  # the prompt's entries at the front of logprobs (echo)
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,7 @@ class Generation:
 
             return deliver
 
+        per_prompt = prepared.candidates
         self.choices = [
             Choice(
                 job=Job(
@@ -109,18 +128,19 @@ class Generation:
                     seed=prepared.seed,
                     group=prepared.group,
                     deliver=deliverer(i),
-                    logprobs=prepared.logprobs,
+                    logprobs=prepared.job_logprobs,
                     grammar=prepared.grammar,
+                    echo=None if prepared.echoes is None else prepared.echoes[i // per_prompt],
                 ),
                 trimmer=StopTrimmer(stops),
-                logprobs=None if prepared.logprobs is None else [],
+                logprobs=None if prepared.job_logprobs is None else [],
             )
             for i, (ids, stops, max_tokens) in enumerate(
                 (ids, stops, max_tokens)
                 for ids, stops, max_tokens in zip(
                     prepared.prompts, prepared.stops, prepared.max_tokens, strict=True
                 )
-                for _ in range(prepared.n)
+                for _ in range(prepared.candidates)
             )
         ]
         worker = service.worker
@@ -139,6 +159,25 @@ class Generation:
                 headers={"Retry-After": str(retry)},
             ) from None
         service.metrics.inc("prompt_tokens_total", sum(len(ids) for ids in prepared.prompts))
+
+    def answered(self) -> list[Choice]:
+        """The choices the response shows: per prompt, with ``best_of`` above ``n``, the n
+        candidates of the highest mean token logprob (the earlier first on a tie), in their
+        order; without, every choice. Logprobs only where the request asked for them."""
+        prepared = self.prepared
+        per_prompt = prepared.candidates
+        if per_prompt == prepared.n:
+            return list(self.choices)
+        shown: list[Choice] = []
+        for start in range(0, len(self.choices), per_prompt):
+            group = self.choices[start : start + per_prompt]
+            ranked = sorted(range(len(group)), key=lambda i: (-_mean_logprob(group[i]), i))
+            for i in sorted(ranked[: prepared.n]):
+                choice = group[i]
+                if prepared.logprobs is None:
+                    choice = dataclasses.replace(choice, logprobs=None)
+                shown.append(choice)
+        return shown
 
     @property
     def done(self) -> bool:
@@ -193,6 +232,13 @@ class Generation:
             # Not by this request (it would have stopped listening): the server is stopping.
             choice.done = True
             raise shutting_down()
+        if event.echo:
+            # The prompt itself: never a stop string's match, never trimmed.
+            choice.text += event.text
+            if choice.logprobs is not None and event.logprobs:
+                choice.logprobs += event.logprobs
+                choice.echoed += len(event.logprobs)
+            return event.text
         text = choice.trimmer.feed(event.text, event.finish_reason)
         choice.text += text
         choice.tokens += event.tokens
@@ -275,3 +321,10 @@ class Generation:
         finally:
             # Runs when the client disconnects too: Starlette cancels the stream reading this.
             self.cancel(reason)
+
+
+def _mean_logprob(choice: Choice) -> float:
+    """A candidate's mean token logprob (-inf without tokens), how ``best_of`` ranks them."""
+    values = [info.logprob for info in (choice.logprobs or [])[choice.echoed :]]
+    numbers = [v for v in values if v is not None]
+    return sum(numbers) / len(numbers) if numbers else -math.inf

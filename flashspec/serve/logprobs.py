@@ -24,11 +24,11 @@ FLOOR = -9999.0
 @dataclass(frozen=True)
 class TokenInfo:
     """One emitted token's logprob with its text, and its alternatives (text, bytes,
-    logprob), most likely first."""
+    logprob), most likely first. An echoed prompt's first token has no logprob (None)."""
 
     token: str
     bytes: list[int]
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, list[int], float], ...] = ()
 
 
@@ -43,10 +43,16 @@ def describe(tokenizer: Any, entries: Sequence[TokenLogprob]) -> list[TokenInfo]
     return out
 
 
+def token_info(tokenizer: Any, token: int) -> TokenInfo:
+    """A token with its text and no logprob (an echoed prompt's first token)."""
+    text = _decoder(tokenizer)(token)
+    return TokenInfo(text, list(text.encode()), None)
+
+
 def completion_logprobs(infos: Sequence[TokenInfo], top: bool) -> dict[str, Any]:
     """The ``logprobs`` object of a ``text_completion`` choice (or chunk): tokens, their
-    logprobs, the alternatives as {text: logprob} (when asked), each token's offset in the
-    choice's text."""
+    logprobs, the alternatives as {text: logprob} (when asked; null for a token without a
+    logprob), each token's offset in the choice's text."""
     offsets: list[int] = []
     at = 0
     for info in infos:
@@ -55,7 +61,11 @@ def completion_logprobs(infos: Sequence[TokenInfo], top: bool) -> dict[str, Any]
     return {
         "tokens": [info.token for info in infos],
         "token_logprobs": [info.logprob for info in infos],
-        "top_logprobs": [{t: v for t, _, v in info.top} for info in infos] if top else None,
+        "top_logprobs": [
+            None if info.logprob is None else {t: v for t, _, v in info.top} for info in infos
+        ]
+        if top
+        else None,
         "text_offset": offsets,
     }
 

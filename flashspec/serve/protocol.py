@@ -28,9 +28,8 @@ from ..grammar import Grammar, GrammarError
 # status. Fields are checked strictly (no "5" for 5, no true for 1):
 # - unknown fields are refused (400 naming the field), as OpenAI does, so a typo such as
 #   ``max_token`` is not silently ignored;
-# - fields of the OpenAI API the engine cannot honour (``best_of`` above ``n``, ``echo``,
-#   ``suffix``, tools...) are refused with a 400 naming the field, unless they carry their
-#   neutral value (``echo: false``);
+# - fields of the OpenAI API the engine cannot honour (``suffix``, tools...) are refused
+#   with a 400 naming the field, unless they carry their neutral value (``suffix: ""``);
 # - harmless fields (``user``, ``metadata``, ``store``, ``service_tier``,
 #   ``parallel_tool_calls``) are accepted and ignored.
 # Bodies must be UTF-8 JSON objects: invalid UTF-8 (CESU-8 included), nesting deeper than the
@@ -142,8 +141,12 @@ class CompletionRequest(_Request):
     prompt: Any
     # An integer: the token's logprob and this many alternatives (OpenAI allows 5; up to 20).
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: Any = None
-    echo: Any = None
+    # Candidates generated per prompt, of which the n with the highest mean token logprob
+    # are returned (OpenAI's meaning); at least n, not with stream.
+    best_of: StrictInt | None = Field(None, ge=1, le=MAX_N)
+    # The prompt before each choice's text (with logprobs: the prompt tokens' own, the first
+    # null), OpenAI's meaning.
+    echo: StrictBool | None = None
     suffix: Any = None
 
 
@@ -182,14 +185,6 @@ def _absent_or(*neutral: object) -> Callable[[object], bool]:
 
 # field -> (accepts the value?, why it is refused otherwise)
 UNSUPPORTED: dict[str, tuple[Callable[[object], bool], str]] = {
-    "best_of": (
-        _absent_or(1),
-        "best_of is not supported; leave it out (or 1), and use n for several choices",
-    ),
-    "echo": (
-        _absent_or(False),
-        "echo (the prompt's own logprobs) is not supported; prepend the prompt yourself",
-    ),
     "suffix": (_absent_or(""), "suffix (insertion) is not supported; leave it out"),
     "tools": (lambda v: v is None or v == [], "tools (function calling) are not supported"),
     "tool_choice": (_absent_or("none"), "tool_choice is not supported (no tools)"),

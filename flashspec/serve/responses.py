@@ -53,7 +53,7 @@ def completion(
     envelope: Envelope, choices: Sequence[Choice], usage: dict[str, int]
 ) -> dict[str, Any]:
     """A whole ``text_completion``."""
-    top = any(c.logprobs and c.logprobs[0].top for c in choices)
+    top = any(info.top for c in choices for info in c.logprobs or ())
     rows = [
         {
             "index": i,
@@ -74,7 +74,7 @@ def completion_chunk(envelope: Envelope, delta: Delta, include_usage: bool) -> d
         "text": delta.text,
         "logprobs": None
         if infos is None
-        else completion_logprobs(infos, bool(infos[:1] and infos[0].top)),
+        else completion_logprobs(infos, any(info.top for info in infos)),
         "finish_reason": delta.finish_reason,
     }
     usage_field = {"usage": None} if include_usage else {}

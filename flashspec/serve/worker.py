@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
 
-from .logprobs import TokenInfo, describe
+from .logprobs import TokenInfo, describe, token_info
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ class Event:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list[TokenInfo] | None = None  # the event's tokens', when the job asked
+    echo: bool = False  # the job's prompt (text, and its tokens' logprobs), sent first
 
     @property
     def last(self) -> bool:
@@ -93,6 +94,9 @@ class Job:
         cancel_reason: set by ``EngineWorker.cancel``; the worker drops the job's row.
         logprobs: report each token's logprob and this many alternatives (None: none).
         grammar: the structure the output must follow (None: free text).
+        echo: the prompt's text, sent as the job's first event (with ``logprobs``, with its
+            tokens' logprobs: the first token's none), before any generated text; None: no
+            echo.
     """
 
     prompt_ids: list[int]
@@ -106,6 +110,7 @@ class Job:
     queued: bool = field(default=False, repr=False)
     logprobs: int | None = None
     grammar: Grammar | None = None
+    echo: str | None = None
 
 
 class QueueFull(Exception):
@@ -284,6 +289,8 @@ class EngineWorker:
         metrics.observe("batch_size", len(batch))
         metrics.set("running_rows", len(batch))
         head = batch[0]
+        for job in batch:
+            self._echo(job)
         try:
             stream = self.engine.stream(
                 [job.prompt_ids for job in batch],
@@ -352,6 +359,18 @@ class EngineWorker:
             for job in run.live.values():
                 job.deliver(Event(error="generation failed: the engine dropped this row"))
 
+    def _echo(self, job: Job) -> None:
+        """Send an echoing job its prompt first (computing its tokens' logprobs if asked)."""
+        if job.echo is None:
+            return
+        infos = None
+        if job.logprobs is not None and job.prompt_ids:
+            entries = self.engine.prompt_logprobs(job.prompt_ids, job.logprobs)
+            first = token_info(self._tokenizer, job.prompt_ids[0])
+            infos = [first, *describe(self._tokenizer, entries)]
+        job.deliver(Event(job.echo, 0, logprobs=infos, echo=True))
+        job.echo = None  # once, also if the job is requeued
+
     def _drop_cancelled(self, run: _Run) -> None:
         for row, job in run.live.items():
             if row not in run.requested and (job.cancel_reason or self._stopping):
@@ -382,6 +401,7 @@ class EngineWorker:
         now = time.perf_counter()
         joined = 0
         for position, job in enumerate(taken):
+            self._echo(job)
             try:
                 row = run.stream.join(job.prompt_ids, job.max_tokens, stop=list(job.stop) or None)
             except RuntimeError:
