@@ -344,3 +344,36 @@ def test_a_cache_emptied_then_resized_takes_the_new_batch() -> None:
     lm.keep_rows([0])
     lm.add_rows(tokens, Padding(torch.tensor([0, 0])))  # two rows join an empty cache
     assert lm.feed(torch.cat([tokens[1:], tokens]), Padding(torch.tensor([0, 0, 0]))).shape[0] == 3
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_rows_with_one_prompt_read_it_once_and_generate_as_alone(drafter: str) -> None:
+    """n choices of a prompt (rows 0, 2 and 3 below) share its prefill: the target's first
+    forward reads each distinct prompt once (but its last token), and every row's output is
+    still its prompt's own greedy continuation; sampled with a seed, the output equals the
+    same call with the sharing off."""
+    engine = make_engine("loopy", drafter, 4)
+    target = engine.target
+    shapes: list[tuple[int, ...]] = []
+    forward = target.model.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        shapes.append(tuple(ids.shape))
+        return forward(*args, **kwargs)
+
+    target.model.forward = spy
+    try:
+        prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[0], PROMPTS[0]]
+        result = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True)
+    finally:
+        del target.model.forward
+    width = max(len(tokenizer()(p)["input_ids"]) for p in prompts)
+    assert shapes[0] == (2, width - 1)  # two distinct prompts, all but their last token
+    for prompt, tokens in zip(prompts, result.tokens, strict=True):
+        check_equal("loopy", prompt, tokens)
+    sampled = make_engine("loopy", drafter, 4, temperature=0.8)
+    shared = sampled.generate(prompts, max_new_tokens=12, ignore_eos=True, seed=3).tokens
+    sampled._share_prompts = lambda gen: None  # type: ignore[method-assign]
+    alone = sampled.generate(prompts, max_new_tokens=12, ignore_eos=True, seed=3).tokens
+    assert shared == alone

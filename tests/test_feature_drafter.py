@@ -98,6 +98,25 @@ def test_the_states_the_target_keeps_are_its_own_at_every_round(batching: Any) -
         assert tokens == hf_greedy(target, prompt, 20)[: len(tokens)]
 
 
+def test_rows_sharing_a_prompt_keep_its_states_from_one_reading() -> None:
+    """Rows with the same prompt read it once (``SpeculativeEngine._share_prompts``): each
+    still holds that prompt's states, the ones a fresh forward gives, at every round."""
+    target = build_llama(0, init_range=0.3)
+    vocab = target.config.vocab_size
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3)),
+        [FeatureDrafter(feature_draft(target, list(range(0, vocab, 2))))],
+        TargetModel("tiny", model=target),
+    )
+    check, checked = states_checker(engine, target)
+    engine.before_round.append(check)
+    prompts = [[1, 5, 9, 13, 7, 22, 31], [4, 8, 15], [1, 5, 9, 13, 7, 22, 31]]
+    result = engine.generate(prompts, max_new_tokens=16, ignore_eos=True)
+    assert checked[0] >= 8
+    for prompt, tokens in zip(prompts, result.tokens, strict=True):
+        assert tokens == hf_greedy(target, prompt, 16)[: len(tokens)]
+
+
 def test_greedy_with_a_feature_draft_equals_hf_generate(char_tokenizer: Any) -> None:
     target = build_llama(0, init_range=0.3)
     vocab = target.config.vocab_size

@@ -487,6 +487,8 @@ class SpeculativeEngine:
         self._owner = owner
         compiled_before = self._compile_seconds()
         self._reset(gen)
+        with torch.inference_mode():
+            self._share_prompts(gen)
         self.policy.start(gen.sampling, ragged=gen.ragged)
         if self.batch_policy is not None:
             self.batch_policy.start(gen.sampling, ragged=gen.ragged)
@@ -806,6 +808,31 @@ class SpeculativeEngine:
             gen.tokens = torch.cat([torch.cat([filler, gen.tokens], dim=1), tokens])
             gen.padding = Padding.stack([gen.padding.shifted([pad] * len(gen.live)), padding])
         gen.live = [*gen.live, *(index for index, _ in joining)]
+
+    def _share_prompts(self, gen: Generation) -> None:
+        """Rows with the same prompt (``n`` choices, ``best_of`` candidates of one prompt)
+        read it once: the target reads each distinct prompt but its last token, then every
+        row takes its prompt's cache (and hidden states) by row selection. The rounds then
+        run as if each row had read its own, so the output is the same; only the repeated
+        prefill is saved. Ragged layouts only (the selection is one of rows, not of state)."""
+        rows = len(gen.live)
+        if rows < 2 or not gen.shiftable or self.compiled.on or self.target.cached:
+            return
+        width = gen.tokens.shape[1]
+        lefts = gen.padding.lefts
+        if max(lefts) > width - 2:
+            return  # a one-token prompt: nothing to read before its last token
+        keys = [tuple(row[left:]) for row, left in zip(gen.tokens.tolist(), lefts, strict=True)]
+        first: dict[tuple[int, ...], int] = {}
+        inverse = [first.setdefault(key, len(first)) for key in keys]
+        if len(first) == rows:
+            return
+        device = gen.tokens.device
+        chosen = torch.tensor([keys.index(key) for key in first], device=device)
+        tokens = gen.tokens.index_select(0, chosen)[:, :-1]
+        empty = tokens.new_empty((tokens.shape[0], 0))
+        self.target.verify(tokens, empty, gen.padding.select(chosen))
+        self.target.select_rows(torch.tensor(inverse, device=device))
 
     def _reset(self, gen: Generation) -> None:
         """Empty every cache for ``gen``; on the compiled path, a batch of one takes a static
