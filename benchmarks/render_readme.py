@@ -1039,14 +1039,19 @@ def api_fields_section(data: dict[str, Any]) -> str:
         f"`python benchmarks/api_fields.py` ({_versions(data['machine'])}; the demo pair's "
         f"default engine, {s['prompts']} HumanEval prompts, {s['max_new_tokens']} new tokens, "
         "greedy; each mode on every prompt, engine and HF interleaved). Speedup: median of "
-        "per-prompt tokens/s ratios against HF `generate` with the same processors.",
+        "per-prompt tokens/s ratios against HF `generate` with the same processors. Draft "
+        "agreement: the median share of HF's tokens that the draft model's own greedy choice, "
+        "with the same processor, gives at each position (teacher-forced): what bounds the "
+        "tokens a round can emit.",
         "",
     ]
-    rows = [["mode", "setting", "speedup", "of the plain speedup", "identical"]]
+    rows = [["mode", "setting", "speedup", "of the plain speedup", "identical", "draft agreement"]]
     for mode, row in data["summary"].items():
+        agreement = row.get("draft_agreement_median")
         rows.append([
             mode, s["modes"].get(mode, "none"), f"{row['speedup_median']:.2f}x",
             f"{row['over_plain_speedup']:.2f}", f"{row['identical']}/{row['prompts']}",
+            "n/a" if agreement is None else f"{agreement:.2f}",
         ])  # fmt: skip
     return "\n".join([*lines, *_markdown(rows)])
 
