@@ -5,6 +5,8 @@
 ;   void fs_qmm_q4_0_avx2(const fs_qjob *job  rdi)
 ;   void fs_qmm_q4_1_avx2(const fs_qjob *job  rdi)
 ;   void fs_qmm_q8_0_avx2(const fs_qjob *job  rdi)
+;   void fs_qmm_q4_kr_avx2(const fs_qjob *job  rdi)
+;   void fs_qmm_q6_kr_avx2(const fs_qjob *job  rdi)
 ;
 ;   y[i * ldy + j] = sum_k x[i * ldx + k] * W[j, k]   for i < m, j < n
 ;
@@ -14,8 +16,9 @@
 ; ABI: System V AMD64. rbx, rbp, r12-r15 are saved and restored (the register plan
 ; needs every GPR); a 40-byte frame holds the pass state. No alignment is assumed
 ; for any pointer. Reads stay inside x rows [0, kb * 32) and the n * kb weight
-; blocks (fp16 words d / m and 8-byte loads of quants, all inside the block's
-; 18/20/34 bytes), so the last block may end a mapping. Writes go only to
+; blocks (fp16 words d / m, the repacked layouts' float32 scale dwords and 8-byte
+; loads of quants, all inside the block's 18/20/34/24/40 bytes), so the last block
+; may end a mapping. Writes go only to
 ; y[i * ldy + j]. Ends with vzeroupper. MXCSR is not touched.
 ; Software prefetches (prefetcht0) run one tile ahead of the weight rows being
 ; read and may name addresses past the last row: a prefetch never faults.
@@ -24,12 +27,15 @@
 ;   Q8_0  w = float(q) * d                 (exact)
 ;   Q4_0  w = float(q - 8) * d             (exact; integer subtract first)
 ;   Q4_1  w = fma(float(q), d, m)          (d * q exact, one rounding like d*q + m)
-; with d and m widened by vcvtph2ps (exact). x is never quantized.
+;   Q4_KR w = fma(float(q), D, M)          (the same, float32 D and M)
+;   Q6_KR w = float(q) * D_h               (one rounding, as gguf-py's)
+; with d and m widened by vcvtph2ps (exact); D, M are read as they are. x is never quantized.
 ;
 ; Accumulation and determinism: one ymm accumulator per (x row i, weight row j).
 ; Per block b, lane l adds, in this order (e = element of the block):
 ;   Q4_0/Q4_1  e = l, l + 16, l + 8, l + 24    (low/high nibbles of bytes 0-7, 8-15)
-;   Q8_0       e = l, l + 8, l + 16, l + 24
+;   Q4_KR      e = l, l + 16, l + 8, l + 24    (as Q4_1)
+;   Q8_0/Q6_KR e = l, l + 8, l + 16, l + 24
 ; After the last block the 8 lanes are folded in one fixed order: l + (l + 4),
 ; then 2 + 2, then 1 + 1. Every accumulator runs the same instruction sequence
 ; whatever the tile shape or pass split, so y[i, j] depends on x row i and weight
@@ -154,6 +160,12 @@ section .text
     vcvtph2ps       ymm0, xmm0
     vcvtph2ps       ymm1, xmm1
 %endmacro
+%macro SCALE_Q4_KR 1
+    vbroadcastss    ymm0, [%1 + Q4_KR_D]
+    vbroadcastss    ymm1, [%1 + Q4_KR_M]
+%endmacro
+%macro SCALE_Q6_KR 1                            ; a scale a half: read by HALF_Q6_KR
+%endmacro
 
 ; HALF_<fmt> addr, h, lo, hi: ymm lo / ymm hi = 8 weights each of half h of the
 ; block (scales in ymm0 / ymm1), and %assign XD0 / XD1 to the byte offsets in the
@@ -184,7 +196,28 @@ section .text
 %endmacro
 
 %macro HALF_Q4_1 4
-    vpmovzxbd       ymm%3, [%1 + Q4_1_QS + %2 * 8]
+    HALF_Q4_MIN     %1 + Q4_1_QS, %2, %3, %4
+%endmacro
+%macro HALF_Q4_KR 4
+    HALF_Q4_MIN     %1 + Q4_KR_QS, %2, %3, %4
+%endmacro
+
+%macro HALF_Q6_KR 4
+    vpmovsxbd       ymm%3, [%1 + Q6_KR_QS + %2 * 16]
+    vpmovsxbd       ymm%4, [%1 + Q6_KR_QS + %2 * 16 + 8]
+    vbroadcastss    ymm0, [%1 + Q6_KR_D + %2 * KR_SCALE_BYTES]
+    vcvtdq2ps       ymm%3, ymm%3
+    vcvtdq2ps       ymm%4, ymm%4
+    vmulps          ymm%3, ymm%3, ymm0
+    vmulps          ymm%4, ymm%4, ymm0
+%assign XD0 (%2 * 2) * YMM_X
+%assign XD1 (%2 * 2 + 1) * YMM_X
+%endmacro
+
+; HALF_Q4_MIN quants, h, lo, hi: Q4_1's half from nibbles at [quants], d in ymm0
+; and m in ymm1 (Q4_1 and Q4_KR differ only in where these come from).
+%macro HALF_Q4_MIN 4
+    vpmovzxbd       ymm%3, [%1 + %2 * 8]
     vpsrld          ymm%4, ymm%3, NIBBLE_BITS
     vpand           ymm%3, ymm%3, [c_nibble_mask]
     vcvtdq2ps       ymm%4, ymm%4
@@ -261,5 +294,7 @@ section .text
 QMM_KERNEL Q4_0, fs_qmm_q4_0_avx2
 QMM_KERNEL Q4_1, fs_qmm_q4_1_avx2
 QMM_KERNEL Q8_0, fs_qmm_q8_0_avx2
+QMM_KERNEL Q4_KR, fs_qmm_q4_kr_avx2
+QMM_KERNEL Q6_KR, fs_qmm_q6_kr_avx2
 
 section .note.GNU-stack noalloc noexec nowrite progbits

@@ -5,6 +5,8 @@
 ;   void fs_qmm_q4_0_avx512(const fs_qjob *job  rdi)
 ;   void fs_qmm_q4_1_avx512(const fs_qjob *job  rdi)
 ;   void fs_qmm_q8_0_avx512(const fs_qjob *job  rdi)
+;   void fs_qmm_q4_kr_avx512(const fs_qjob *job  rdi)
+;   void fs_qmm_q6_kr_avx512(const fs_qjob *job  rdi)
 ;
 ;   y[i * ldy + j] = sum_k x[i * ldx + k] * W[j, k]   for i < m, j < n
 ;
@@ -19,9 +21,10 @@
 ; ABI: System V AMD64. rbx, rbp, r12-r15 are saved and restored (the register plan
 ; needs every GPR); a 40-byte frame holds the pass state. No alignment is assumed
 ; for any pointer. Reads stay inside x rows [0, kb * 32) and the n * kb weight
-; blocks (each block is read as its fp16 d word, Q4_1's d and m as one dword, and
-; 16-byte loads of quants: one for Q4, two for Q8_0, all inside its 18/20/34
-; bytes), so the last block may end a mapping.
+; blocks (each block is read as its fp16 d word, Q4_1's d and m as one dword, the
+; repacked layouts' float32 scale dwords, and 16-byte loads of quants: one for
+; Q4, two for Q8_0 and Q6_KR, all inside its 18/20/34/24/40 bytes), so the last
+; block may end a mapping.
 ; Writes go only to y[i * ldy + j]. Ends with vzeroupper. MXCSR is not touched.
 ; Software prefetches (prefetcht0) run one tile ahead of the weight rows being
 ; read and may name addresses past the last row: a prefetch never faults.
@@ -31,7 +34,9 @@
 ;   Q4_0  w = T[q], T[q] = d * float(q - 8)         (exact)
 ;   Q4_1  w = T[q], T[q] = fma(d, float(q), m)      (d * q exact: one rounding,
 ;                                                    as gguf-py's d*q + m)
-; with d and m widened by vcvtph2ps (exact). For Q4 the 16 levels T[0..15] of a
+;   Q4_KR w = T[q], T[q] = fma(D, float(q), M)      (the same, float32 D and M)
+;   Q6_KR w = float(q) * D_h                        (one rounding, as gguf-py's)
+; with d and m widened by vcvtph2ps (exact); D, M are read as they are. For Q4 the 16 levels T[0..15] of a
 ; block are computed once (one zmm) and each element looks its weight up with
 ; vpermps, which reads only bits 0-3 of each index dword: byte b as a dword gives
 ; element b (low nibble), byte b >> 4 element b + 16. x is never quantized.
@@ -114,6 +119,8 @@ section .text
     vmovups         zmm2, [c_q4_0_levels]
 %elifidn %1, Q4_1
     vmovups         zmm2, [c_q4_1_levels]
+%elifidn %1, Q4_KR
+    vmovups         zmm2, [c_q4_1_levels]
 %endif
 %endmacro
 
@@ -182,9 +189,33 @@ section .text
     vbroadcastss    zmm0, xmm1
     vmovshdup       xmm1, xmm1
     vbroadcastss    zmm1, xmm1
-    vfmadd132ps     zmm0, zmm1, zmm2                ; T[q] = fma(d, q, m), one rounding
+    Q4_LOOKUP       %2, %3
+%endmacro
+
+%macro DEQ_Q4_KR 3
+    vpmovzxbd       zmm%2, [%1 + Q4_KR_QS]
+    vbroadcastss    zmm0, [%1 + Q4_KR_D]
+    vbroadcastss    zmm1, [%1 + Q4_KR_M]
+    vpsrld          zmm%3, zmm%2, NIBBLE_BITS
+    Q4_LOOKUP       %2, %3
+%endmacro
+
+; Q4_LOOKUP lo, hi: from the scale in zmm0 and the min in zmm1, the 16 levels T[q] =
+; fma(d, q, m) (d * q exact: one rounding), then each element's weight by its nibble.
+%macro Q4_LOOKUP 2
+    vfmadd132ps     zmm0, zmm1, zmm2
+    vpermps         zmm%1, zmm%1, zmm0
     vpermps         zmm%2, zmm%2, zmm0
-    vpermps         zmm%3, zmm%3, zmm0
+%endmacro
+
+; Q6_KR: two float32 scales (one a 16-half, each a zmm), broadcast from memory.
+%macro DEQ_Q6_KR 3
+    vpmovsxbd       zmm%2, [%1 + Q6_KR_QS]
+    vpmovsxbd       zmm%3, [%1 + Q6_KR_QS + 16]
+    vcvtdq2ps       zmm%2, zmm%2
+    vcvtdq2ps       zmm%3, zmm%3
+    vmulps          zmm%2, zmm%2, [%1 + Q6_KR_D]{1to16}
+    vmulps          zmm%3, zmm%3, [%1 + Q6_KR_D + KR_SCALE_BYTES]{1to16}
 %endmacro
 
 ; BLOCK_TILE fmt, R, M: dequantize the current block of the R weight rows into
@@ -232,5 +263,7 @@ section .text
 QMM_KERNEL Q4_0, fs_qmm_q4_0_avx512
 QMM_KERNEL Q4_1, fs_qmm_q4_1_avx512
 QMM_KERNEL Q8_0, fs_qmm_q8_0_avx512
+QMM_KERNEL Q4_KR, fs_qmm_q4_kr_avx512
+QMM_KERNEL Q6_KR, fs_qmm_q6_kr_avx512
 
 section .note.GNU-stack noalloc noexec nowrite progbits

@@ -37,18 +37,19 @@
 
 /* ---------------------------------------------------------------- formats */
 
-enum { F_Q4_0, F_Q4_1, F_Q8_0, F_Q4_K, F_Q6_K, N_FORMATS };
+enum { F_Q4_0, F_Q4_1, F_Q8_0, F_Q4_K, F_Q6_K, F_Q4_KR, F_Q6_KR, F_Q5_0, N_FORMATS };
 
 typedef void (*dequant_fn)(const uint8_t *, size_t, float *);
 
 static const fs_qformat g_formats[N_FORMATS] = {
     {FS_GGML_Q4_0, "Q4_0", 32, 18},  {FS_GGML_Q4_1, "Q4_1", 32, 20},
     {FS_GGML_Q8_0, "Q8_0", 32, 34},  {FS_GGML_Q4_K, "Q4_K", 256, 144},
-    {FS_GGML_Q6_K, "Q6_K", 256, 210},
+    {FS_GGML_Q6_K, "Q6_K", 256, 210}, {FS_Q4_KR, "Q4_KR", 32, 24},
+    {FS_Q6_KR, "Q6_KR", 32, 40},      {FS_GGML_Q5_0, "Q5_0", 32, 22},
 };
-static const dequant_fn g_dequant[N_FORMATS] = {fs_dequant_q4_0, fs_dequant_q4_1,
-                                                fs_dequant_q8_0, fs_dequant_q4_k,
-                                                fs_dequant_q6_k};
+static const dequant_fn g_dequant[N_FORMATS] = {
+    fs_dequant_q4_0, fs_dequant_q4_1, fs_dequant_q8_0,  fs_dequant_q4_k,
+    fs_dequant_q6_k, fs_dequant_q4_kr, fs_dequant_q6_kr, fs_dequant_q5_0};
 
 typedef struct {
     const char *name;
@@ -64,7 +65,7 @@ static const backend_t *g_active;
 static void register_backends(void) {
     const backend_t scalar = {"scalar",
                               {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_k_c,
-                               fs_qmm_q6_k_c},
+                               fs_qmm_q6_k_c, fs_qmm_q4_kr_c, fs_qmm_q6_kr_c, fs_qmm_q5_0_c},
                               FS_STEP_BASELINE};
     g_n_backends = 0;
     g_backends[g_n_backends++] = scalar;
@@ -76,6 +77,8 @@ static void register_backends(void) {
         b.fn[F_Q4_0] = fs_qmm_q4_0_avx2;
         b.fn[F_Q4_1] = fs_qmm_q4_1_avx2;
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx2;
+        b.fn[F_Q4_KR] = fs_qmm_q4_kr_avx2;
+        b.fn[F_Q6_KR] = fs_qmm_q6_kr_avx2;
         g_backends[g_n_backends++] = b;
     }
     if (fs_cpu_has_avx512(&g_cpu) && g_cpu.fma && g_cpu.f16c) {
@@ -85,6 +88,8 @@ static void register_backends(void) {
         b.fn[F_Q4_0] = fs_qmm_q4_0_avx512;
         b.fn[F_Q4_1] = fs_qmm_q4_1_avx512;
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx512;
+        b.fn[F_Q4_KR] = fs_qmm_q4_kr_avx512;
+        b.fn[F_Q6_KR] = fs_qmm_q6_kr_avx512;
         g_backends[g_n_backends++] = b;
     }
 #endif
@@ -274,7 +279,7 @@ static int acquire(PyObject *obj, const char *name, int writable, buf_t *b) {
 
 static PyObject *g_np_empty;
 
-static PyObject *new_float_array(Py_ssize_t rows, Py_ssize_t cols, int two_d) {
+static PyObject *new_array(Py_ssize_t rows, Py_ssize_t cols, int two_d, const char *dtype) {
     if (g_np_empty == NULL) {
         PyObject *np = PyImport_ImportModule("numpy");
         if (np == NULL) return NULL;
@@ -284,9 +289,13 @@ static PyObject *new_float_array(Py_ssize_t rows, Py_ssize_t cols, int two_d) {
     }
     PyObject *shape = two_d ? Py_BuildValue("(nn)", rows, cols) : Py_BuildValue("(n)", cols);
     if (shape == NULL) return NULL;
-    PyObject *out = PyObject_CallFunction(g_np_empty, "Os", shape, "float32");
+    PyObject *out = PyObject_CallFunction(g_np_empty, "Os", shape, dtype);
     Py_DECREF(shape);
     return out;
+}
+
+static PyObject *new_float_array(Py_ssize_t rows, Py_ssize_t cols, int two_d) {
+    return new_array(rows, cols, two_d, "float32");
 }
 
 /* w: itemsize 1, exactly `need` bytes. */
@@ -310,7 +319,8 @@ static int check_geometry(int qtype, Py_ssize_t n, Py_ssize_t k, int *fi) {
     if (*fi < 0) {
         PyErr_Format(PyExc_ValueError,
                      "qtype %d is not a supported GGML type; supported: 2 (Q4_0), 3 (Q4_1), "
-                     "8 (Q8_0), 12 (Q4_K), 14 (Q6_K)",
+                     "6 (Q5_0), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), and flashspec's repacked "
+                     "268 (Q4_KR), 270 (Q6_KR)",
                      qtype);
         return -1;
     }
@@ -815,6 +825,74 @@ done:
     return result;
 }
 
+/* The repacked layout of each K format (quant.h), and its repacker. */
+static int repacked_index(int fi, void (**repack)(const uint8_t *, size_t, uint8_t *)) {
+    if (fi == F_Q4_K) {
+        *repack = fs_repack_q4_k;
+        return F_Q4_KR;
+    }
+    if (fi == F_Q6_K) {
+        *repack = fs_repack_q6_k;
+        return F_Q6_KR;
+    }
+    if (fi == F_Q5_0) {
+        *repack = fs_repack_q5_0;
+        return F_Q8_0;
+    }
+    return -1;
+}
+
+static PyObject *py_repack(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kw[] = {"w", "qtype", "n", "k", NULL};
+    PyObject *wo;
+    int qtype;
+    Py_ssize_t n, k;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oinn:repack", kw, &wo, &qtype, &n, &k))
+        return NULL;
+    int fi;
+    if (check_geometry(qtype, n, k, &fi) < 0) return NULL;
+    void (*repack)(const uint8_t *, size_t, uint8_t *) = NULL;
+    int ri = repacked_index(fi, &repack);
+    if (ri < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "qtype %d (%s) has no repacked layout; only 6 (Q5_0), 12 (Q4_K) and 14 "
+                     "(Q6_K) do",
+                     qtype, g_formats[fi].name);
+        return NULL;
+    }
+    if (n > PY_SSIZE_T_MAX / (k / (Py_ssize_t)g_formats[ri].block_elems) /
+                (Py_ssize_t)g_formats[ri].block_bytes) {
+        PyErr_SetString(PyExc_ValueError, "n * k is too large");
+        return NULL;
+    }
+    buf_t w = {0};
+    PyObject *result = NULL, *made = NULL;
+    if (acquire(wo, "w", 0, &w) < 0) goto done;
+    if (check_weights(&w, weight_bytes(fi, n, k), "n x k of this qtype") < 0) goto done;
+    Py_ssize_t out_row = weight_bytes(ri, 1, k);
+    made = new_array(n, out_row, 1, "uint8");
+    if (made == NULL) goto done;
+    {
+        Py_buffer view;
+        if (PyObject_GetBuffer(made, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        size_t kb = (size_t)k / g_formats[fi].block_elems, rb = kb * g_formats[fi].block_bytes;
+        const uint8_t *src = (const uint8_t *)w.view.buf;
+        uint8_t *dst = (uint8_t *)view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < n; j++)
+            repack(src + (size_t)j * rb, kb, dst + (size_t)j * (size_t)out_row);
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&view);
+    }
+    result = made;
+    made = NULL;
+done:
+    release(&w);
+    Py_XDECREF(made);
+    return result;
+}
+
 static PyObject *py_dequantize_rows(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kw[] = {"w", "qtype", "k", "rows", "out", NULL};
@@ -972,6 +1050,11 @@ static PyMethodDef methods[] = {
      "weight takes exactly its dequantized value; sums are float32."},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      "dequantize(w, qtype, n, k, out=None)\n--\n\nW as float32 (n, k), gguf-py's values."},
+    {"repack", (PyCFunction)(void (*)(void))py_repack, METH_VARARGS | METH_KEYWORDS,
+     "repack(w, qtype, n, k)\n--\n\n"
+     "W (n, k) in Q5_0 (6), Q4_K (12) or Q6_K (14) blocks as a new uint8 (n, row bytes) "
+     "array in a layout the SIMD kernels run: Q8_0 (8), or flashspec's Q4_KR (268) / Q6_KR "
+     "(270), 32-element blocks with float32 scales; every weight's value bit-identical."},
     {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows,
      METH_VARARGS | METH_KEYWORDS,
      "dequantize_rows(w, qtype, k, rows, out=None)\n--\n\n"

@@ -11,10 +11,23 @@
  *   Q4_0  18 B / 32:  fp16 d, 16 B nibbles       w = d * (q - 8)
  *   Q4_1  20 B / 32:  fp16 d, fp16 m, 16 B       w = d * q + m      (one rounding: fma)
  *   Q8_0  34 B / 32:  fp16 d, 32 x int8          w = d * q
+ *   Q5_0  22 B / 32:  fp16 d, 32 high bits (le32), 16 B nibbles   w = d * (q - 16)
  *   Q4_K 144 B / 256: fp16 d, fp16 dmin, 12 B of 6-bit scales/mins, 128 B nibbles
  *                                               w = (d*sc) * q - (dmin*mn)
  *   Q6_K 210 B / 256: 128 B low nibbles, 64 B high 2-bit pairs, 16 x int8 scales, fp16 d
  *                                               w = (d*sc) * (q - 32)
+ * and two layouts flashspec repacks the K formats into when it loads them (not GGML
+ * types: ids 256 + the source type's), 32-element blocks the SIMD tiles of Q4_1 and
+ * Q8_0 run with one changed load, because a K super-block's sub-scales would
+ * otherwise be decoded for every weight row in the inner loop:
+ *   Q4_KR 24 B / 32:  fp32 D = d*sc, fp32 M = -(dmin*mn), 16 B nibbles (Q4_1's order)
+ *                                               w = D * q + M      (one rounding: fma)
+ *   Q6_KR 40 B / 32:  fp32 D0, fp32 D1 (d*sc of each 16-half), 32 x int8 (q - 32)
+ *                                               w = D_h * q        (one rounding)
+ * D and M are exact in float32 (11 x 6 and 11 x 8 significant bits), so each
+ * repacked weight rounds once, where and as gguf-py's does: the same value.
+ * Q5_0 repacks into Q8_0 itself (the same d, int8 q - 16): d * (q - 16) is exact
+ * either way.
  * Nibbles: byte b of a 32-block holds element b in its low nibble and element
  * b + 16 in its high nibble (Q4_0/Q4_1; the K formats as gguf-py lays them out).
  * The products named above are exact in float32 (fp16 has 11 significant bits)
@@ -43,9 +56,14 @@
 /* GGML type ids, as in the GGUF file's tensor info. */
 #define FS_GGML_Q4_0 2
 #define FS_GGML_Q4_1 3
+#define FS_GGML_Q5_0 6
 #define FS_GGML_Q8_0 8
 #define FS_GGML_Q4_K 12
 #define FS_GGML_Q6_K 14
+/* flashspec's repacked K layouts (above): not GGML types, so outside GGML's id range. */
+#define FS_REPACKED 256
+#define FS_Q4_KR (FS_REPACKED + FS_GGML_Q4_K)
+#define FS_Q6_KR (FS_REPACKED + FS_GGML_Q6_K)
 
 /* Most x rows one kernel call takes (a plain step, a verification, a few batch rows). */
 #define FS_Q_MAX_ROWS 16
@@ -79,7 +97,7 @@ typedef struct fs_qformat {
     int ggml_type;
     const char *name;        /* "Q4_0", ... */
     size_t block_elems;      /* 32 or 256 */
-    size_t block_bytes;      /* 18, 20, 34, 144, 210 */
+    size_t block_bytes;      /* 18, 20, 34, 144, 210, 24, 40, 22 */
 } fs_qformat;
 
 /* fp16 bits -> float32, exactly (subnormals, inf and nan included). */
@@ -91,6 +109,9 @@ void fs_qmm_q4_1_c(const fs_qjob *job);
 void fs_qmm_q8_0_c(const fs_qjob *job);
 void fs_qmm_q4_k_c(const fs_qjob *job);
 void fs_qmm_q6_k_c(const fs_qjob *job);
+void fs_qmm_q4_kr_c(const fs_qjob *job);
+void fs_qmm_q5_0_c(const fs_qjob *job);
+void fs_qmm_q6_kr_c(const fs_qjob *job);
 
 /*
  * fs_dequant_row_<fmt>: out[k] = W[row, k] for k < kb * block_elems, the exact
@@ -102,6 +123,18 @@ void fs_dequant_q4_1(const uint8_t *row, size_t kb, float *out);
 void fs_dequant_q8_0(const uint8_t *row, size_t kb, float *out);
 void fs_dequant_q4_k(const uint8_t *row, size_t kb, float *out);
 void fs_dequant_q6_k(const uint8_t *row, size_t kb, float *out);
+void fs_dequant_q4_kr(const uint8_t *row, size_t kb, float *out);
+void fs_dequant_q5_0(const uint8_t *row, size_t kb, float *out);
+void fs_dequant_q6_kr(const uint8_t *row, size_t kb, float *out);
+
+/*
+ * fs_repack_<fmt>: one row's kb blocks at `in` into the layout a SIMD kernel
+ * runs (Q4_K -> 8 kb Q4_KR blocks, Q6_K -> 8 kb Q6_KR, Q5_0 -> kb Q8_0) at
+ * `out`, whose dequantized values are bit-identical.
+ */
+void fs_repack_q4_k(const uint8_t *in, size_t kb, uint8_t *out);
+void fs_repack_q6_k(const uint8_t *in, size_t kb, uint8_t *out);
+void fs_repack_q5_0(const uint8_t *in, size_t kb, uint8_t *out);
 
 #ifdef FLASHSPEC_HAVE_ASM
 /*
@@ -121,7 +154,11 @@ void fs_qmm_q8_0_avx2(const fs_qjob *job);
 void fs_qmm_q4_0_avx512(const fs_qjob *job);
 void fs_qmm_q4_1_avx512(const fs_qjob *job);
 void fs_qmm_q8_0_avx512(const fs_qjob *job);
-/* Q4_K / Q6_K asm: declared here once written; until then those formats run the C kernel. */
+void fs_qmm_q4_kr_avx2(const fs_qjob *job);
+void fs_qmm_q6_kr_avx2(const fs_qjob *job);
+void fs_qmm_q4_kr_avx512(const fs_qjob *job);
+void fs_qmm_q6_kr_avx512(const fs_qjob *job);
+/* Q4_K / Q6_K as the file stores them run the C kernel; a load repacks them (above). */
 #endif
 
 #endif

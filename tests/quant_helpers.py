@@ -26,7 +26,9 @@ HF_PROJECTIONS = [
     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
 ]  # fmt: skip
 LAYERS = 2
-FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
+# The layout a load keeps each format in, where it is not the file's (ext/quant.h).
+LOADED_AS = {"Q4_K": "Q4_KR", "Q6_K": "Q6_KR", "Q5_0": "Q8_0"}
 # Repetitive prompts, so prompt-lookup drafts get proposed, accepted and rejected.
 LOOKUP_PROMPTS = [
     "the dog the dog the dog the dog",
@@ -78,6 +80,12 @@ VARIANTS = {fmt: every_matrix(fmt) for fmt in FORMATS}
 MIXED = Variant("mixed", {"token_embd": "Q8_0", "ffn_gate": "Q4_1", "ffn_up": "Q4_1",
                           "ffn_down": "Q4_1"})  # fmt: skip
 UNTIED = every_matrix("Q4_0", untied=True)
+# What llama.cpp's Q4_K_M makes of a model whose width is not a multiple of 256 (SmolLM2's
+# 576): Q5_0 where Q4_K does not fit, Q8_0 for Q6_K's, the K formats on the wide rows.
+Q4_K_M = Variant("Q4_K_M", {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0",
+                            "attn_output": "Q5_0", "ffn_gate": "Q5_0", "ffn_up": "Q5_0",
+                            "ffn_down": "Q6_K", "token_embd": "Q4_K"},
+                 hidden=256, ffn=512)  # fmt: skip
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 checkquant checks asm/quant_avx2.asm and asm/quant_avx512.asm against the C
 kernels of ext/quant.c (and a float64 sum over gguf-py's dequantized weights)
-for Q4_0/Q4_1/Q8_0, m = 1..16, odd n and kb, with guard pages and the ABI
-trampoline (tests/abi/trampoline.asm). x86-64 Linux only; there a missing nasm
-or gcc is a failure (tests/abi_helpers.py), as for the residual kernels.
+for Q4_0/Q4_1/Q8_0 and the repacked Q4_KR/Q6_KR, m = 1..16, odd n and kb, with
+guard pages and the ABI trampoline (tests/abi/trampoline.asm). x86-64 Linux only;
+there a missing nasm or gcc is a failure (tests/abi_helpers.py), as for the
+residual kernels.
 """
 
 from __future__ import annotations
@@ -101,10 +102,40 @@ MUTANTS = {
         "float64 reference",
         {"avx512f", "avx2"},
     ),
+    "Q4_KR min dropped (avx2)": (
+        "quant_avx2.asm",
+        _sub("vbroadcastss    ymm1, [%1 + Q4_KR_M]", "vxorps          ymm1, ymm1, ymm1"),
+        "avx2",
+        "float64 reference",
+        {"avx2", "fma", "f16c"},
+    ),
+    "Q6_KR halves' scales swapped (avx2)": (
+        "quant_avx2.asm",
+        _sub("[%1 + Q6_KR_D + %2 * KR_SCALE_BYTES]", "[%1 + Q6_KR_D + (1 - %2) * KR_SCALE_BYTES]"),
+        "avx2",
+        "float64 reference",
+        {"avx2", "fma", "f16c"},
+    ),
+    "Q6_KR one scale for both halves (avx512)": (
+        "quant_avx512.asm",
+        _sub("[%1 + Q6_KR_D + KR_SCALE_BYTES]{1to16}", "[%1 + Q6_KR_D]{1to16}"),
+        "avx512",
+        "float64 reference",
+        {"avx512f", "avx2"},
+    ),
+    "Q4_KR scale and min swapped (avx512)": (
+        "quant_avx512.asm",
+        _sub("vbroadcastss    zmm0, [%1 + Q4_KR_D]", "vbroadcastss    zmm0, [%1 + Q4_KR_M]"),
+        "avx512",
+        "float64 reference",
+        {"avx512f", "avx2"},
+    ),
     "clobbers r12": (
         "quant.inc",
-        _sub("    pop             rbx\n    vzeroupper",
-             "    pop             rbx\n    xor r12d, r12d\n    vzeroupper"),
+        _sub(
+            "    pop             rbx\n    vzeroupper",
+            "    pop             rbx\n    xor r12d, r12d\n    vzeroupper",
+        ),
         "avx2",
         "r12 clobbered",
         {"avx2", "fma", "f16c"},

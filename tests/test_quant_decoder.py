@@ -34,6 +34,7 @@ from gguf_helpers import EOS_ID
 from quant_helpers import (
     LOOKUP_PROMPTS,
     MIXED,
+    Q4_K_M,
     RELATIVE,
     Variant,
     every_matrix,
@@ -63,7 +64,7 @@ if not quant_ops.available():
 
 PROMPTS = LOOKUP_PROMPTS[:2]
 # head_dim 16 (64 wide) and 64 (256 wide: the K formats' block, and SmolLM2's head size).
-VARIANTS = [every_matrix("Q8_0"), every_matrix("Q4_1"), every_matrix("Q4_K")]
+VARIANTS = [every_matrix("Q8_0"), every_matrix("Q4_1"), every_matrix("Q4_K"), Q4_K_M]
 DENSE_ATTENTION = MIXED  # SmolLM2's mix: the feed-forward quantized, attention float32
 
 

@@ -30,8 +30,12 @@ Q: Any = pytest.importorskip("flashspec._quant")
 
 from gguf_helpers import quantize_blocks  # noqa: E402  (after the importorskips)
 
-# GGML type ids (ext/quant.h) under gguf-py's names.
-FORMATS = {"Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q4_K": 12, "Q6_K": 14}
+# GGML type ids (ext/quant.h) under gguf-py's names, and flashspec's repacked K layouts.
+GGML_FORMATS = {"Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q4_K": 12, "Q6_K": 14}
+REPACKED = {"Q4_KR": ("Q4_K", 268, 24), "Q6_KR": ("Q6_K", 270, 40)}  # source, id, block bytes
+FORMATS = {**GGML_FORMATS, **{name: qtype for name, (_, qtype, _) in REPACKED.items()}}
+# What ``repack`` turns each source format into (Q5_0 goes into Q8_0 itself).
+REPACK_PAIRS = {"Q4_K": "Q4_KR", "Q6_K": "Q6_KR", "Q5_0": "Q8_0"}
 BACKENDS = list(Q.available_backends())
 # Blocks per row: odd counts, one block and enough to cross the asm's block loop several times.
 BLOCKS_32 = (1, 3, 7, 33)
@@ -48,13 +52,31 @@ TOL = 1e-5
 
 
 def fmt_elems(name: str) -> int:
-    return 256 if name.endswith("_K") else 32
+    """Weights a row is a multiple of: 256 for the K formats and their repacked layouts
+    (made from K super-blocks), 32 for the rest."""
+    return 256 if name.endswith("_K") or name in REPACKED else 32
+
+
+def repacked(make: Any) -> Any:
+    """A block maker for the repacked layouts too: the source K format's blocks, repacked."""
+
+    def made(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]:
+        if name not in REPACKED:
+            return make(name, n, k, seed)
+        source, _, _ = REPACKED[name]
+        blocks = make(source, n, k, seed)
+        out: npt.NDArray[np.uint8] = Q.repack(blocks, GGML_FORMATS[source], n, k)
+        return out
+
+    made.__name__ = make.__name__
+    return made
 
 
 def block_counts(name: str) -> tuple[int, ...]:
-    return BLOCKS_256 if name.endswith("_K") else BLOCKS_32
+    return BLOCKS_256 if fmt_elems(name) == 256 else BLOCKS_32
 
 
+@repacked
 def make_blocks(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]:
     """(n, row bytes) blocks of realistic weights (scales as a quantizer chooses them)."""
     rng = np.random.default_rng(seed)
@@ -63,9 +85,11 @@ def make_blocks(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]:
 
 
 # Byte offsets of each format's fp16 fields (scales and mins) inside its block.
-HALF_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}
+HALF_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2),
+               "Q6_K": (208,)}  # fmt: skip
 
 
+@repacked
 def random_blocks(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]:
     """Random bytes, with every fp16 field a small finite value of either sign (|v| about
     0.002-0.03): quants and sub-block scales a quantizer would never choose (negative Q6_K
@@ -84,6 +108,7 @@ def random_blocks(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]
     return blocks
 
 
+@repacked
 def wild_blocks(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]:
     """Random bytes: every fp16 scale and min any bit pattern (subnormals, negatives, inf and
     nan included), every quant any value: what a dequantizer must still read as gguf-py does."""
@@ -93,10 +118,34 @@ def wild_blocks(name: str, n: int, k: int, seed: int) -> npt.NDArray[np.uint8]:
 
 
 def reference_weights(blocks: npt.NDArray[np.uint8], name: str) -> npt.NDArray[np.float32]:
-    """gguf-py's dequantization: the values transformers' GGUF load gives the weights."""
+    """gguf-py's dequantization: the values transformers' GGUF load gives the weights (for
+    the repacked layouts, their definition in ext/quant.h, in float64 and rounded once)."""
+    if name in REPACKED:
+        return repacked_reference(blocks, name)
     with np.errstate(all="ignore"):  # random bytes hold inf and nan scales: expected here
         out = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[name])
     return np.asarray(out, dtype=np.float32)
+
+
+def repacked_reference(blocks: npt.NDArray[np.uint8], name: str) -> npt.NDArray[np.float32]:
+    """Q4_KR: w = D * q + M (fp32 D, M; 16 nibble bytes, byte b = element b | element b + 16
+    << 4); Q6_KR: w = D_h * q (fp32 D_0, D_1 for elements 0-15, 16-31; int8 q). Formed in
+    float64, where D * q is exact, and rounded to float32 once, as the kernels must."""
+    _, _, size = REPACKED[name]
+    n = blocks.shape[0]
+    view = np.ascontiguousarray(blocks).reshape(n, -1, size)
+    scales = view[:, :, :8].copy().view("<f4").astype(np.float64)  # (n, blocks, 2)
+    if name == "Q4_KR":
+        nib = view[:, :, 8:]
+        q = np.concatenate([nib & 0x0F, nib >> 4], axis=2).astype(np.float64)
+        with np.errstate(all="ignore"):
+            w = scales[:, :, :1] * q + scales[:, :, 1:]
+    else:
+        q = view[:, :, 8:].view(np.int8).astype(np.float64)
+        with np.errstate(all="ignore"):
+            w = np.repeat(scales, 16, axis=2) * q
+    with np.errstate(all="ignore"):
+        return w.astype(np.float32).reshape(n, -1)
 
 
 def assert_close_to_reference(
@@ -154,7 +203,9 @@ def test_formats_match_gguf_block_geometry() -> None:
     """The module's table agrees with gguf-py's (block elements, block bytes) for each id."""
     table = Q.formats()
     assert sorted(table) == sorted(FORMATS.values())
-    for name, qtype in FORMATS.items():
+    for name, (_, qtype, size) in REPACKED.items():
+        assert table[qtype] == (name, 32, size)
+    for name, qtype in GGML_FORMATS.items():
         elems, size = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
         assert int(gguf.GGMLQuantizationType[name]) == qtype
         assert table[qtype] == (name, elems, size)
@@ -210,6 +261,33 @@ def test_dequantize_is_gguf_bit_for_bit(name: str) -> None:
         out = np.full((n, k), 7.0, dtype=np.float32)
         assert Q.dequantize(blocks, qtype, n, k, out) is out
         assert_bitwise(np.nan_to_num(out), np.nan_to_num(got), f"{name} out=")
+
+
+@pytest.mark.parametrize("source", list(REPACK_PAIRS))
+def test_repack_keeps_gguf_values_bit_for_bit(source: str) -> None:
+    """``repack`` of Q4_K/Q6_K/Q5_0 blocks dequantizes to gguf-py's values of the source
+    blocks bit for bit (quantizer-made blocks, random ones with small scales of either sign,
+    and random bytes with any fp16 scale: nan where gguf-py has nan), and the target layout
+    means what ext/quant.h says (its independent reference agrees too)."""
+    name = REPACK_PAIRS[source]
+    qtype, elems = FORMATS[name], fmt_elems(source)
+    size = Q.formats()[qtype][2]
+    k = 3 * elems
+    for make in (make_blocks, random_blocks, wild_blocks):
+        blocks = make(source, 11, k, 3)
+        packed = Q.repack(blocks, GGML_FORMATS[source], 11, k)
+        assert packed.dtype == np.uint8 and packed.shape == (11, k // 32 * size)
+        expected = reference_weights(blocks, source)
+        finite = ~np.isnan(expected)
+        for got in (Q.dequantize(packed, qtype, 11, k), reference_weights(packed, name)):
+            assert np.array_equal(np.isnan(got), ~finite), f"{source} {make.__name__}: nan"
+            assert_bitwise(got[finite], expected[finite], f"{source} {make.__name__}")
+    with pytest.raises(ValueError, match=r"qtype 8 \(Q8_0\) has no repacked layout"):
+        Q.repack(make_blocks("Q8_0", 2, 64, 1), 8, 2, 64)
+    with pytest.raises(ValueError, match="w holds"):
+        Q.repack(np.zeros(10, np.uint8), GGML_FORMATS[source], 2, elems)
+    with pytest.raises(ValueError, match=rf"k must be a positive multiple of {elems}\b"):
+        Q.repack(np.zeros(144, np.uint8), GGML_FORMATS[source], 1, elems + 16)
 
 
 # ------------------------------------------------------------------------------- qmatmul
@@ -424,7 +502,7 @@ def _qm_cases() -> list[tuple[str, Any, type[Exception], str]]:
          "w " + contiguous),
         ("qtype F32", {"qtype": 0}, ValueError, "qtype 0"),
         ("qtype F16", {"qtype": 1}, ValueError, "qtype 1"),
-        ("qtype Q5_0", {"qtype": 6}, ValueError, "qtype 6"),
+        ("qtype Q5_1", {"qtype": 7}, ValueError, "qtype 7"),
         ("qtype negative", {"qtype": -1}, ValueError, "qtype -1"),
         ("out read-only", _read_only_out, ValueError, "out is read-only"),
         ("out wrong shape", {"out": np.zeros((3, n + 1), f32)}, ValueError, "out must be"),

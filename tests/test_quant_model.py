@@ -27,9 +27,11 @@ from chi2_helpers import CHI2_99
 from quant_helpers import (
     HF_PROJECTIONS,
     LAYERS,
+    LOADED_AS,
     LOOKUP_PROMPTS,
     MIXED,
     PROJECTIONS,
+    Q4_K_M,
     RELATIVE,
     UNTIED,
     VARIANTS,
@@ -51,6 +53,10 @@ from flashspec import (
 )
 from flashspec.quant import QuantEmbedding, QuantLinear
 
+# Every file the load is checked on: one format throughout, SmolLM2's mix, an untied head, and
+# a Q4_K_M file's mix (repacked layers beside blocks kept as the file has them).
+LOADS = [*VARIANTS.values(), MIXED, UNTIED, Q4_K_M]
+
 if not quant_ops.available():
     pytest.skip("flashspec._quant is not built", allow_module_level=True)
 
@@ -64,7 +70,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Any:
 # ----------------------------------------------------------------------------------- logits
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS.values(), MIXED, UNTIED], ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", LOADS, ids=lambda v: v.name)
 def test_logits_equal_dequantized_load(variant: Variant, files: Any) -> None:
     """One prompt, a batch (left padding in one row) that runs the kernels, and a batch of
     more rows than ``DENSE_ROWS`` (the dequantize-and-BLAS road), on every backend: all within
@@ -97,7 +103,7 @@ def test_logits_equal_dequantized_load(variant: Variant, files: Any) -> None:
         kernels.set_backend(before)
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS.values(), MIXED, UNTIED], ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", LOADS, ids=lambda v: v.name)
 def test_record_and_weights(variant: Variant, files: Any) -> None:
     """Every matrix written quantized is a layer on blocks, the record says so, the tied head
     reads the embedding's blocks (one copy), and each layer's weights are transformers'
@@ -107,15 +113,16 @@ def test_record_and_weights(variant: Variant, files: Any) -> None:
     loaded = files(variant)
     model, record = loaded.quantized()
     quantized_kinds = {kind: fmt for kind, fmt in variant.types.items() if kind in PROJECTIONS}
+    kept = {kind: LOADED_AS.get(fmt, fmt) for kind, fmt in variant.types.items()}
     expected = {
-        f"model.layers.{i}.{hf}": quantized_kinds[kind]
+        f"model.layers.{i}.{hf}": kept[kind]
         for i in range(LAYERS)
         for kind, hf in zip(PROJECTIONS, HF_PROJECTIONS, strict=True)
         if kind in quantized_kinds
     }
-    expected["model.embed_tokens"] = variant.types["token_embd"]
+    expected["model.embed_tokens"] = kept["token_embd"]
     if variant.untied:
-        expected["lm_head"] = variant.types["output"]
+        expected["lm_head"] = kept["output"]
     assert record.quantized == expected
     modules = dict(model.named_modules())
     for name, fmt in expected.items():
@@ -151,11 +158,15 @@ def test_record_and_weights(variant: Variant, files: Any) -> None:
     state = model.state_dict()
     for name in record.dense:  # norms, float32 projections: as transformers loads them
         assert torch.equal(state[name], reference[name]), name
-    # The blocks are the file's bytes (v_proj: rows in file order, no processing).
+    # The blocks are the file's bytes (v_proj: rows in file order, no processing), K formats
+    # in their repacked layout.
     tensors = {t.name: t for t in gguf.GGUFReader(loaded.path).tensors}
     v_proj = modules["model.layers.0.self_attn.v_proj"]
     if isinstance(v_proj, QuantLinear):
         raw = np.asarray(tensors["blk.0.attn_v.weight"].data)
+        if variant.types["attn_v"] in LOADED_AS:
+            qtype = int(tensors["blk.0.attn_v.weight"].tensor_type)
+            raw = quant_ops.repack(raw, qtype, v_proj.out_features, v_proj.in_features)
         assert np.array_equal(v_proj.blocks.numpy(), raw)
 
 
@@ -391,26 +402,29 @@ def test_default_load_keeps_only_formats_with_a_fast_kernel(
     files: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``load_pretrained`` (dtype "auto") keeps Q4_0/Q4_1/Q8_0 layers as blocks where a SIMD
-    kernel runs them, and dequantizes the K formats (their C kernel is slower than a dense
-    product) and everything on a CPU without SIMD kernels; the logits stay the model's."""
+    kernel runs them, and Q4_K/Q6_K in their repacked layouts; on a CPU without SIMD kernels
+    it dequantizes everything (the C kernels are slower than a dense product); the logits
+    stay the model's."""
     from flashspec.loading import load_pretrained
     from flashspec.quant.ops import kernels
 
     monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path))
-    mixed, k_format = files(MIXED), files(VARIANTS["Q4_K"])
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     if kernels().backend() != "scalar":
-        model, _ = load_pretrained(str(mixed.path))
-        assert isinstance(model.get_output_embeddings(), QuantLinear)
-        with torch.inference_mode():
-            got, want = model(ids).logits, mixed.reference(ids).logits
-        assert max_relative(got, want) < RELATIVE
-    dense, _ = load_pretrained(str(k_format.path))
-    assert not any(isinstance(m, QuantLinear) for m in dense.modules())
+        for variant, fmt in ((MIXED, "Q8_0"), (VARIANTS["Q4_K"], "Q4_KR"),
+                             (VARIANTS["Q6_K"], "Q6_KR")):  # fmt: skip
+            loaded = files(variant)
+            model, _ = load_pretrained(str(loaded.path))
+            head = model.get_output_embeddings()
+            assert isinstance(head, QuantLinear) and head.format == fmt, variant.name
+            with torch.inference_mode():
+                got, want = model(ids).logits, loaded.reference(ids).logits
+            assert max_relative(got, want) < RELATIVE, variant.name
     start = kernels().backend()
     kernels().set_backend("scalar")
     try:
-        fallback, _ = load_pretrained(str(mixed.path))
+        for variant in (MIXED, VARIANTS["Q4_K"]):
+            fallback, _ = load_pretrained(str(files(variant).path))
+            assert not any(isinstance(m, QuantLinear) for m in fallback.modules()), variant.name
     finally:
         kernels().set_backend(start)
-    assert not any(isinstance(m, QuantLinear) for m in fallback.modules())

@@ -137,7 +137,8 @@ def _load_quantized(source: Path, digest: str) -> tuple[torch.nn.Module, Any] | 
         return None
     if not record.quantized:
         print(f"flashspec: {source.name}: none of its layers is in a format with a fast kernel "
-              "here (Q4_0, Q4_1, Q8_0); dequantizing to float32", file=sys.stderr)  # fmt: skip
+              "here (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K); dequantizing to float32",
+              file=sys.stderr)  # fmt: skip
         return None
     ops = kernels()
     print(f"flashspec: {source.name} loaded quantized: {record.summary()} (kernels "

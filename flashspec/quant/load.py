@@ -4,8 +4,9 @@ transformers' own GGUF load (``from_pretrained(..., gguf_file=...)``) dequantize
 ``build_quantized_model`` builds the same model class from the same config, then fills it from
 the file itself: each linear layer (and the token embedding, and a tied head) whose blocks are
 in a format the kernels take becomes a ``QuantLinear``/``QuantEmbedding`` over those blocks,
-memory-mapped; every other tensor (norms, biases, formats the kernels lack) is dequantized the
-way transformers does it. transformers' tensor names and its per-architecture processing are
+memory-mapped (Q5_0, Q4_K and Q6_K repacked in memory into layouts the SIMD kernels
+run, with the same values); every other tensor (norms, biases, formats the kernels lack) is
+dequantized the way transformers does it. transformers' tensor names and its per-architecture processing are
 used as they are: a processor that only reorders a weight's rows (Llama's q/k permutation) has
 the rows of blocks reordered the same way; any other processing of a quantized layer is applied
 to its dequantized values and the layer stays dense.
@@ -26,7 +27,7 @@ import torch
 from .decoder import attach
 from .gguf_file import read_tensors
 from .layers import QuantEmbedding, QuantLinear
-from .ops import formats
+from .ops import REPACKED, formats, repack
 from .threads import share_cores
 
 
@@ -39,6 +40,8 @@ class QuantizedLoad:
     dense: list[str] = field(default_factory=list)
     """Parameters filled with dequantized (or float) values."""
     tied_head: bool = False
+    repacked: dict[str, str] = field(default_factory=dict)
+    """Module name -> the file's format, for layers repacked into another layout on load."""
 
     def summary(self) -> str:
         """One line: how many layers run on blocks, in which formats, and what is dense."""
@@ -47,8 +50,13 @@ class QuantizedLoad:
             counts[name] = counts.get(name, 0) + 1
         kinds = ", ".join(f"{n} {fmt}" for fmt, n in sorted(counts.items()))
         head = " (head tied to the embedding's blocks)" if self.tied_head else ""
+        sources: dict[str, int] = {}
+        for name in self.repacked.values():
+            sources[name] = sources.get(name, 0) + 1
+        repacked = ", ".join(f"{n} {fmt}" for fmt, n in sorted(sources.items()))
+        repacked = f"; repacked from the file's {repacked}" if repacked else ""
         return (
-            f"{len(self.quantized)} layers on GGUF blocks ({kinds}){head}, "
+            f"{len(self.quantized)} layers on GGUF blocks ({kinds}{repacked}){head}, "
             f"{len(self.dense)} tensors dense float32"
         )
 
@@ -60,7 +68,10 @@ def build_quantized_model(
 
     ``config`` is the file's transformers config (``AutoConfig.from_pretrained(folder,
     gguf_file=name)``). ``keep`` names the GGML types that stay blocks (default: every format
-    the kernels take); layers in other formats are dequantized. Returns the model (eval mode,
+    the kernels take); layers in other formats are dequantized. Q5_0, Q4_K and Q6_K layers are
+    repacked into layouts the SIMD kernels run (``REPACKED``; the same weight values, in
+    memory rather than mapped from the file) when ``keep`` holds the repacked layout.
+    Returns the model (eval mode,
     float32 activations, CPU) and a record of which layers stayed quantized.
 
     Raises:
@@ -105,6 +116,9 @@ def build_quantized_model(
             if order is not None:
                 rows = np.ascontiguousarray(rows[order])
             k = int(tensor.shape[0])  # GGUF lists dimensions innermost first
+            if REPACKED.get(qtype) in kinds:
+                record.repacked[target.rsplit(".", 1)[0]] = kinds[qtype][0]
+                rows, qtype = repack(rows, qtype, int(rows.shape[0]), k), REPACKED[qtype]
             blocks_of[target.rsplit(".", 1)[0]] = (_as_tensor(rows), qtype, k)
             record.quantized[target.rsplit(".", 1)[0]] = kinds[qtype][0]
             continue

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 DENSE_ROWS = 48
@@ -49,14 +51,27 @@ def formats() -> dict[int, tuple[str, int, int]]:
     return dict(kernels().formats())
 
 
+REPACKED = {6: 8, 12: 268, 14: 270}
+"""GGML types a load repacks, and the layout each goes into (``ext/quant.h``): Q5_0 -> Q8_0,
+Q4_K -> Q4_KR, Q6_K -> Q6_KR. The SIMD kernels run those, every weight's value unchanged."""
+
+
 def fast_formats() -> frozenset[int]:
     """GGML types whose kernel in the active backend beats dense float32 layers here: the
-    SIMD ones (Q4_0, Q4_1, Q8_0 on AVX2/AVX-512). The portable C kernels, and so the K formats
-    for now, were measured slower than torch's float32 product (``flashspec bench quant``), so
-    a model loads those layers dense instead."""
+    SIMD ones (Q4_0, Q4_1, Q8_0 on AVX2/AVX-512, and Q5_0/Q4_K/Q6_K through their repacked
+    layouts: what a Q4_K_M file holds). The portable C kernels were measured slower than
+    torch's float32 product (``flashspec bench quant``), so without SIMD a model loads every
+    layer dense."""
     if kernels().backend() == "scalar":
         return frozenset()
-    return frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+    return frozenset({2, 3, 8, *REPACKED, *REPACKED.values()})
+
+
+def repack(rows: npt.NDArray[np.uint8], qtype: int, n: int, k: int) -> npt.NDArray[np.uint8]:
+    """The (n, k) weights of ``rows`` (Q5_0, Q4_K or Q6_K blocks) in their repacked layout,
+    a new array (``REPACKED[qtype]``); gguf-py's dequantized values are kept bit for bit."""
+    out: npt.NDArray[np.uint8] = kernels().repack(rows, qtype, n, k)
+    return out
 
 
 def dequantize(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:

@@ -16,11 +16,12 @@
  *   always, avx2, avx512); prints "checkquant: N passed, M failed", exits 1 on a
  *   failure. --bench prints single-threaded ns per call and GB/s of weights.
  *
- * For each format (Q4_0, Q4_1, Q8_0), kb in {1, 2, 3, 18}, n in {1..9, 16, 17,
+ * For each format (Q4_0, Q4_1, Q8_0, and the repacked Q4_KR and Q6_KR), kb in {1, 2, 3, 18}, n in {1..9, 16, 17,
  * 33, 64} and m = 1..16 (one case each), on random blocks (random fp16 d and m
  * of both signs, random quants) and random x:
  *   - y within (4 kb + 16) 2^-24 sum|x w| of a float64 sum over the weights
- *     dequantized here (from the fp16 bits, Q4_1 with fmaf: gguf-py's values),
+ *     dequantized here (from the fp16 bits, Q4_1 with fmaf: gguf-py's values;
+ *     Q4_KR / Q6_KR from their float32 scales as ext/quant.h defines them),
  *     and within twice that of the C kernel fs_qmm_<fmt>_c on the same job;
  *   - determinism: every row's bits equal to the m = 16 run's (so also to m = 1),
  *     and to a run over a sub-range of the n weight rows;
@@ -75,6 +76,7 @@ static const size_t n_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64};
 #define MAX_N 64
 #define MAX_K (MAX_KB * QK)
 #define MAX_PAD 3
+#define MAX_BLOCK_BYTES 40 /* Q6_KR */
 #define Y_SENTINEL 0x5A5A5A5Au
 #define MXCSR_FLAGS 0x3Fu /* IE DE ZE OE UE PE */
 
@@ -85,12 +87,14 @@ typedef struct {
     void (*c_dequant)(const uint8_t *, size_t, float *);
 } fmt_info;
 
-enum { F_Q4_0, F_Q4_1, F_Q8_0, N_FMT };
+enum { F_Q4_0, F_Q4_1, F_Q8_0, F_Q4_KR, F_Q6_KR, N_FMT };
 
 static const fmt_info fmts[N_FMT] = {
     {"Q4_0", 18, fs_qmm_q4_0_c, fs_dequant_q4_0},
     {"Q4_1", 20, fs_qmm_q4_1_c, fs_dequant_q4_1},
     {"Q8_0", 34, fs_qmm_q8_0_c, fs_dequant_q8_0},
+    {"Q4_KR", 24, fs_qmm_q4_kr_c, fs_dequant_q4_kr},
+    {"Q6_KR", 40, fs_qmm_q6_kr_c, fs_dequant_q6_kr},
 };
 
 typedef struct {
@@ -123,6 +127,17 @@ static uint16_t rnd_half_scale(void) {
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static float rdf(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+static void wrf(uint8_t *p, float f) { memcpy(p, &f, sizeof f); }
+
+/* A float32 scale as the repacked layouts hold them: an fp16 scale times a small integer. */
+static float rnd_kr_scale(void) {
+    return half_to_float(rnd_half_scale()) * (float)(int)(rnd() % 64);
+}
 
 /* gguf-py's dequantize of one block, as float32. */
 static void ref_dequant_block(int f, const uint8_t *b, float *out) {
@@ -145,6 +160,17 @@ static void ref_dequant_block(int f, const uint8_t *b, float *out) {
     case F_Q8_0:
         for (int e = 0; e < 32; e++) out[e] = d * (float)(int8_t)b[2 + e];
         break;
+    case F_Q4_KR: {
+        float dk = rdf(b), m = rdf(b + 4);
+        for (int e = 0; e < 16; e++) {
+            out[e] = fmaf(dk, (float)(b[8 + e] & 0xF), m);
+            out[e + 16] = fmaf(dk, (float)(b[8 + e] >> 4), m);
+        }
+        break;
+    }
+    case F_Q6_KR:
+        for (int e = 0; e < 32; e++) out[e] = rdf(b + 4 * (e / 16)) * (float)(int8_t)b[8 + e];
+        break;
     }
 }
 
@@ -153,6 +179,13 @@ static void gen_blocks(int f, uint8_t *w, size_t nblocks) {
     for (size_t i = 0; i < nblocks; i++) {
         uint8_t *b = w + i * bb;
         for (size_t k = 0; k < bb; k++) b[k] = (uint8_t)rnd();
+        if (f == F_Q4_KR || f == F_Q6_KR) {
+            wrf(b, rnd_kr_scale());
+            wrf(b + 4, f == F_Q4_KR ? -rnd_kr_scale() : rnd_kr_scale());
+            if (f == F_Q6_KR)
+                for (size_t k = 8; k < bb; k++) b[k] = (uint8_t)(int8_t)((int)(rnd() % 64) - 32);
+            continue;
+        }
         wr16(b, rnd_half_scale());
         if (f == F_Q4_1) wr16(b + 2, rnd_half_scale());
     }
@@ -246,7 +279,7 @@ static int run_job(const backend *be, int f, const fs_qjob *job) {
 
 static gpage gx, gw, gy;
 static float src_x[MAX_M * (MAX_K + MAX_PAD)];
-static uint8_t src_w[MAX_N * MAX_KB * 34];
+static uint8_t src_w[MAX_N * MAX_KB * MAX_BLOCK_BYTES];
 static float deq[MAX_N][MAX_K];           /* gguf-py values of src_w */
 static double ref64[MAX_M][MAX_N], refabs[MAX_M][MAX_N];
 static float y_full[MAX_M][MAX_N], y_c[MAX_M][MAX_N], y_got[MAX_M][MAX_N];
@@ -352,7 +385,8 @@ static void test_shape(const backend *be, int f, size_t n, size_t kb) {
             /* The C kernel on the same job, same buffers. */
             placed pc = place(f, m, n, kb, ldx, ldy, at_start);
             fs_qjob jc = make_job(&pc, f, m, n, kb, 0);
-            backend cb = {"c-ref", 0, {fmts[0].c_fn, fmts[1].c_fn, fmts[2].c_fn}};
+            backend cb = {"c-ref", 0, {fmts[0].c_fn, fmts[1].c_fn, fmts[2].c_fn, fmts[3].c_fn,
+                                       fmts[4].c_fn}};
             if (run_job(&cb, f, &jc) == 0) collect(&pc, m, n, 0, y_c);
             for (size_t i = 0; i < m && case_errors < 4; i++)
                 for (size_t j = 0; j < n; j++) {
@@ -505,6 +539,11 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    for (int f = 0; f < N_FMT; f++)
+        if (fmts[f].block_bytes > MAX_BLOCK_BYTES) {
+            fprintf(stderr, "%s: raise MAX_BLOCK_BYTES to %zu\n", fmts[f].name, fmts[f].block_bytes);
+            return 2;
+        }
     page = (size_t)sysconf(_SC_PAGESIZE);
     __builtin_cpu_init();
     int have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -516,9 +555,11 @@ int main(int argc, char **argv) {
     checkasm_check_xinuse = (uint32_t)(have_avx2 && xgetbv_xinuse_supported());
 
     backend all[] = {
-        {"c", 0, {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c}},
-        {"avx2", 1, {fs_qmm_q4_0_avx2, fs_qmm_q4_1_avx2, fs_qmm_q8_0_avx2}},
-        {"avx512", 1, {fs_qmm_q4_0_avx512, fs_qmm_q4_1_avx512, fs_qmm_q8_0_avx512}},
+        {"c", 0, {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_kr_c, fs_qmm_q6_kr_c}},
+        {"avx2", 1, {fs_qmm_q4_0_avx2, fs_qmm_q4_1_avx2, fs_qmm_q8_0_avx2, fs_qmm_q4_kr_avx2,
+                     fs_qmm_q6_kr_avx2}},
+        {"avx512", 1, {fs_qmm_q4_0_avx512, fs_qmm_q4_1_avx512, fs_qmm_q8_0_avx512,
+                       fs_qmm_q4_kr_avx512, fs_qmm_q6_kr_avx512}},
     };
     int supported[] = {1, have_avx2, have_avx512};
     backend bes[3];
