@@ -4,12 +4,12 @@ transformers' own GGUF load (``from_pretrained(..., gguf_file=...)``) dequantize
 ``build_quantized_model`` builds the same model class from the same config, then fills it from
 the file itself: each linear layer (and the token embedding, and a tied head) whose blocks are
 in a format the kernels take becomes a ``QuantLinear``/``QuantEmbedding`` over those blocks,
-memory-mapped (Q5_0, Q4_K and Q6_K repacked in memory into layouts the SIMD kernels
-run, with the same values); every other tensor (norms, biases, formats the kernels lack) is
-dequantized the way transformers does it. transformers' tensor names and its per-architecture processing are
-used as they are: a processor that only reorders a weight's rows (Llama's q/k permutation) has
-the rows of blocks reordered the same way; any other processing of a quantized layer is applied
-to its dequantized values and the layer stays dense.
+memory-mapped (Q5_0, Q4_K and Q6_K repacked in memory into layouts the SIMD kernels run, with
+the same values); every other tensor (norms, biases, formats the kernels lack) is dequantized
+the way transformers does it. transformers' tensor names and its per-architecture processing
+are used as they are: a processor that only reorders a weight's rows (Llama's q/k permutation)
+has the rows of blocks reordered the same way; any other processing of a quantized layer is
+applied to its dequantized values and the layer stays dense.
 """
 
 from __future__ import annotations
