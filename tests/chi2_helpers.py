@@ -4,8 +4,12 @@ sampled output: a test that draws tokens compares their counts with exact probab
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from flashspec import SpeculativeEngine
 
 # Upper 1% points of chi-squared, chi2.ppf(0.99, df) for df = index (df 0 unused).
 CHI2_99 = [
@@ -38,6 +42,40 @@ def chi_squared(counts: Counter[int], expected_p: torch.Tensor) -> tuple[float, 
     assert len(cells) >= 2 and all(e >= 5.0 for e, _ in cells)
     stat = sum((o - e) ** 2 / e for e, o in cells)
     return stat, CHI2_99[len(cells) - 1]
+
+
+def first_two_counts(
+    engine: SpeculativeEngine,
+    prompt: Any,
+    batch: int,
+    calls: int,
+    seed: int,
+    max_new_tokens: int | None = None,
+) -> tuple[Counter[int], Counter[int]]:
+    """Counts of the first and second emitted tokens over ``calls`` streams of ``batch`` copies
+    of ``prompt`` (the prompt alone when ``batch`` is 1), call i seeded ``seed + i``.
+
+    ``max_new_tokens`` defaults to gamma + 1, which leaves room for a full first round of gamma
+    drafts; a stream is left once every row has two tokens, so later rounds are never
+    computed."""
+    if max_new_tokens is None:
+        max_new_tokens = engine.config.sampling.gamma + 1
+    first: Counter[int] = Counter()
+    second: Counter[int] = Counter()
+    for call in range(calls):
+        prompts: Any = prompt if batch == 1 else [prompt] * batch
+        stream = engine.stream(
+            prompts, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed + call
+        )
+        rows: list[list[int]] = [[] for _ in range(batch)]
+        for chunk in stream:
+            rows[chunk.row].extend(chunk.token_ids)
+            if min(len(r) for r in rows) >= 2:
+                break
+        for tokens in rows:
+            first[tokens[0]] += 1
+            second[tokens[1]] += 1
+    return first, second
 
 
 def assert_first_two_follow(

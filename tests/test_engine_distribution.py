@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from chi2_helpers import chi_squared
+from chi2_helpers import chi_squared, first_two_counts
 from conftest import build_llama
 
 import flashspec.sampling as sampling
@@ -63,23 +63,7 @@ def sample_two(
     engine: SpeculativeEngine, n: int, batch: int, seed: int
 ) -> tuple[Counter[int], Counter[int]]:
     """Counts of the first and second emitted tokens over n independent generations."""
-    first: Counter[int] = Counter()
-    second: Counter[int] = Counter()
-    gamma = engine.config.sampling.gamma
-    for call in range(n // batch):
-        prompts: Any = PROMPT if batch == 1 else [PROMPT] * batch
-        # gamma + 1 new tokens leave room for a full first round of gamma drafts; the stream is
-        # left once every row has two tokens, so later rounds are never computed.
-        stream = engine.stream(prompts, max_new_tokens=gamma + 1, ignore_eos=True, seed=seed + call)
-        rows: list[list[int]] = [[] for _ in range(batch)]
-        for chunk in stream:
-            rows[chunk.row].extend(chunk.token_ids)
-            if min(len(r) for r in rows) >= 2:
-                break
-        for tokens in rows:
-            first[tokens[0]] += 1
-            second[tokens[1]] += 1
-    return first, second
+    return first_two_counts(engine, PROMPT, batch, n // batch, seed)
 
 
 SETTINGS = [(1.0, 1.0), (0.7, 0.9)]

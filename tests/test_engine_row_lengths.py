@@ -11,10 +11,10 @@ distributions of the target (chi-squared at alpha = 0.01).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
+from chi2_helpers import first_two_counts
 from drafter_helpers import CutLookup
 from test_engine_distribution import PROMPT, chi_squared, exact
 from test_engine_distribution import models as sampling_models
@@ -77,24 +77,6 @@ def test_prompt_lookup_in_a_batch_drafts_only_what_it_found(tails: list[list[int
     assert any(max(t) > 0 for t in tails)
 
 
-def sample_rows(engine: SpeculativeEngine, calls: int, batch: int) -> tuple[Counter[int], ...]:
-    first: Counter[int] = Counter()
-    second: Counter[int] = Counter()
-    for call in range(calls):
-        stream = engine.stream(
-            [PROMPT] * batch, max_new_tokens=GAMMA + 1, ignore_eos=True, seed=900 + call
-        )
-        rows: list[list[int]] = [[] for _ in range(batch)]
-        for chunk in stream:
-            rows[chunk.row].extend(chunk.token_ids)
-            if min(len(r) for r in rows) >= 2:
-                break
-        for tokens in rows:
-            first[tokens[0]] += 1
-            second[tokens[1]] += 1
-    return first, second
-
-
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_a_row_beside_neighbours_of_other_lengths_follows_the_target(
     temperature: float, top_p: float
@@ -113,7 +95,7 @@ def test_a_row_beside_neighbours_of_other_lengths_follows_the_target(
         [drafter],
         TargetModel(model=target),
     )
-    first, second = sample_rows(engine, 30, 50)
+    first, second = first_two_counts(engine, PROMPT, batch=50, calls=30, seed=900)
     for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
         stat, critical = chi_squared(counts, p)
         assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"

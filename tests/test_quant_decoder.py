@@ -527,7 +527,7 @@ def test_batched_masked_step_matches_each_row_alone_in_float64_on_every_backend(
             hidden = rng.standard_normal((rows * m, dim)).astype(np.float32)
             angles = rng.uniform(0.0, 6.0, (rows * m, hd)).astype(np.float32)
             cos, sin = np.cos(angles), np.sin(angles)
-            want_h, want_kv = ck.batch_reference(
+            want_h, want_kv = ck.decoder_reference(
                 dense, hidden, cos, sin, kv, past, heads, ck.DECODER_EPS, hd**-0.5, mask
             )
             got_h, got_kv = hidden.copy(), kv.copy()

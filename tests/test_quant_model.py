@@ -23,7 +23,7 @@ pytest.importorskip("accelerate")
 
 import numpy as np
 import torch
-from chi2_helpers import CHI2_99
+from chi2_helpers import CHI2_99, first_two_counts
 from quant_helpers import (
     HF_PROJECTIONS,
     LAYERS,
@@ -282,19 +282,7 @@ def test_sampled_tokens_follow_dequantized_distribution(
     config = FlashSpecConfig(sampling=SamplingConfig(gamma=3, temperature=1.0))
     engine = SpeculativeEngine(config, [PromptLookupDrafter()], target)
     ids = loaded.tokenizer("the dog the dog")["input_ids"]
-    batch, calls = 8, 200
-    first: Counter[int] = Counter()
-    second: Counter[int] = Counter()
-    for call in range(calls):
-        stream = engine.stream([ids] * batch, max_new_tokens=2, ignore_eos=True, seed=1000 + call)
-        rows: list[list[int]] = [[] for _ in range(batch)]
-        for chunk in stream:
-            rows[chunk.row].extend(chunk.token_ids)
-            if min(len(r) for r in rows) >= 2:
-                break
-        for tokens in rows:
-            first[tokens[0]] += 1
-            second[tokens[1]] += 1
+    first, second = first_two_counts(engine, ids, batch=8, calls=200, seed=1000, max_new_tokens=2)
     p_first, p_second = exact_first_two(loaded.reference, ids)
     # Spread enough for the test to see something: not a point mass.
     assert float(p_first.max()) < 0.8 and float(p_second.max()) < 0.8

@@ -215,7 +215,23 @@ def decoder_reference(
     hidden states after every layer and the cache with positions past .. past + m - 1
     written. ``mask``: None, or the row's visible key columns (nonzero: visible); a query that
     sees none gets zeros from attention, and a position whose own column is hidden (a dead one)
-    keeps its input row and gets zeros in the cache."""
+    keeps its input row and gets zeros in the cache.
+
+    A batch, kv (layers, 2, B, kv_heads, cap, head_dim) with hidden (B * m, dim), cos/sin
+    (B * m, head_dim) and mask None or (B, >= past + m), is each row's step on its own."""
+    if kv.ndim == 6:
+        rows = kv.shape[2]
+        n = hidden.shape[0] // rows
+        out_h, out_kv = [], []
+        for b in range(rows):
+            span = slice(b * n, (b + 1) * n)
+            row_h, row_kv = decoder_reference(
+                layers, hidden[span], cos[span], sin[span], kv[:, :, b], past, heads, eps, scaling,
+                None if mask is None else mask[b],
+            )  # fmt: skip
+            out_h.append(row_h)
+            out_kv.append(row_kv)
+        return np.concatenate(out_h), np.stack(out_kv, axis=2)
     h = hidden.astype(np.float64)
     cache = kv.astype(np.float64)
     m, hd = cos.shape
@@ -264,34 +280,6 @@ def decoder_reference(
     return h, cache
 
 
-def batch_reference(
-    layers: list[dict[str, F64]],
-    hidden: F32,
-    cos: F32,
-    sin: F32,
-    kv: F32,
-    past: int,
-    heads: int,
-    eps: float,
-    scaling: float,
-    mask: Any,
-) -> tuple[F64, F64]:
-    """``decoder_reference`` of each row of a batch on its own: hidden (B * m, dim), cos/sin
-    (B * m, head_dim), kv (layers, 2, B, kv_heads, cap, head_dim), mask (B, >= past + m)."""
-    rows = kv.shape[2]
-    m = hidden.shape[0] // rows
-    out_h, out_kv = [], []
-    for b in range(rows):
-        span = slice(b * m, (b + 1) * m)
-        h, c = decoder_reference(
-            layers, hidden[span], cos[span], sin[span], kv[:, :, b], past, heads, eps, scaling,
-            None if mask is None else mask[b],
-        )  # fmt: skip
-        out_h.append(h)
-        out_kv.append(c)
-    return np.concatenate(out_h), np.stack(out_kv, axis=2)
-
-
 def batch_mask(rows: int, width: int, past: int) -> Any:
     """A (rows, width) mask with what the ragged layout makes: row 0 sees every column; row
     1 has dead columns among its cached ones and its first new column dead; the last row
@@ -306,51 +294,56 @@ def batch_mask(rows: int, width: int, past: int) -> Any:
     return mask
 
 
+def check_step(
+    ck: Checker,
+    Q: ModuleType,
+    plan: Any,
+    dense: list[dict[str, F64]],
+    rng: np.random.Generator,
+    m: int,
+    past: int,
+    what: str,
+    mask: Any = None,
+) -> None:
+    """One ``decoder_step`` of ``m`` positions after ``past`` cached ones on random inputs,
+    against the float64 reference: one row when ``mask`` is None, else a batch of
+    ``mask.shape[0]`` rows stepping with that mask. ``what`` names the check in its message."""
+    dim, heads, kv_heads, hd, _, count = DECODER_SHAPE
+    scaling = hd**-0.5
+    batch = () if mask is None else (mask.shape[0],)
+    n = m if mask is None else m * mask.shape[0]
+    kv = (0.5 * rng.standard_normal((count, 2, *batch, kv_heads, 16, hd))).astype(np.float32)
+    hidden = rng.standard_normal((n, dim)).astype(np.float32)
+    angles = rng.uniform(0.0, 6.0, (n, hd)).astype(np.float32)
+    cos, sin = np.cos(angles), np.sin(angles)
+    want_h, want_kv = decoder_reference(
+        dense, hidden, cos, sin, kv, past, heads, DECODER_EPS, scaling, mask
+    )
+    got_h, got_kv = hidden.copy(), kv.copy()
+    Q.decoder_step(plan, got_h, cos, sin, got_kv, past, *(() if mask is None else (mask,)))
+    err_h = float(np.abs(got_h - want_h).max() / np.abs(want_h).max())
+    err_kv = float(np.abs(got_kv - want_kv).max() / np.abs(want_kv).max())
+    ck.check(
+        err_h < 1e-4 and err_kv < 1e-4,
+        f"{what}: relative error {err_h:.2e} (hidden), {err_kv:.2e} (cache)",
+    )
+
+
 def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generator) -> None:
     """``decoder_step`` of backend ``name`` against ``decoder_reference``: a step of 1 and of 7
     positions after 5 cached ones, then a batch of 3 rows with dead columns (``batch_mask``)
     stepping 1 and 4 positions, Q8_0 and Q4_1 layers."""
-    dim, heads, kv_heads, hd, ffn, count = DECODER_SHAPE
-    scaling = hd**-0.5
+    dim, heads, kv_heads, hd, ffn, _ = DECODER_SHAPE
     for qtype in (8, 3):
         layers, dense = decoder_case(rng, qtype)
-        plan = Q.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, DECODER_EPS, scaling)
+        plan = Q.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, DECODER_EPS, hd**-0.5)
+        what = f"_quant[{name}] decoder_step qtype {qtype}"
         for m, past in ((1, 5), (7, 5)):
-            kv = (0.5 * rng.standard_normal((count, 2, kv_heads, 16, hd))).astype(np.float32)
-            hidden = rng.standard_normal((m, dim)).astype(np.float32)
-            angles = rng.uniform(0.0, 6.0, (m, hd)).astype(np.float32)
-            cos, sin = np.cos(angles), np.sin(angles)
-            want_h, want_kv = decoder_reference(
-                dense, hidden, cos, sin, kv, past, heads, DECODER_EPS, scaling
-            )
-            got_h, got_kv = hidden.copy(), kv.copy()
-            Q.decoder_step(plan, got_h, cos, sin, got_kv, past)
-            err_h = float(np.abs(got_h - want_h).max() / np.abs(want_h).max())
-            err_kv = float(np.abs(got_kv - want_kv).max() / np.abs(want_kv).max())
-            ck.check(
-                err_h < 1e-4 and err_kv < 1e-4,
-                f"_quant[{name}] decoder_step qtype {qtype} m={m} past={past}: relative "
-                f"error {err_h:.2e} (hidden), {err_kv:.2e} (cache)",
-            )
+            check_step(ck, Q, plan, dense, rng, m, past, f"{what} m={m} past={past}")
         for m in (1, 4):
             rows, past = 3, 5
-            kv = (0.5 * rng.standard_normal((count, 2, rows, kv_heads, 16, hd))).astype(np.float32)
             mask = batch_mask(rows, past + m, past)
-            hidden = rng.standard_normal((rows * m, dim)).astype(np.float32)
-            angles = rng.uniform(0.0, 6.0, (rows * m, hd)).astype(np.float32)
-            cos, sin = np.cos(angles), np.sin(angles)
-            want_h, want_kv = batch_reference(
-                dense, hidden, cos, sin, kv, past, heads, DECODER_EPS, scaling, mask
-            )
-            got_h, got_kv = hidden.copy(), kv.copy()
-            Q.decoder_step(plan, got_h, cos, sin, got_kv, past, mask)
-            err_h = float(np.abs(got_h - want_h).max() / np.abs(want_h).max())
-            err_kv = float(np.abs(got_kv - want_kv).max() / np.abs(want_kv).max())
-            ck.check(
-                err_h < 1e-4 and err_kv < 1e-4,
-                f"_quant[{name}] decoder_step qtype {qtype} batch {rows} m={m} masked: "
-                f"relative error {err_h:.2e} (hidden), {err_kv:.2e} (cache)",
-            )
+            check_step(ck, Q, plan, dense, rng, m, past, f"{what} batch {rows} m={m} masked", mask)
 
 
 def ref_dist(p: F32, q: F32) -> F64:
