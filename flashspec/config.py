@@ -79,7 +79,8 @@ class SamplingConfig:
         typical_epsilon: probability ceiling of the typical-acceptance threshold.
         typical_delta: entropy-scaled part of the typical-acceptance threshold.
         confidence_threshold: a model drafter stops proposing once the top probability of its
-            distribution falls below this value (None disables; HF uses 0.4).
+            distribution falls below this value (None disables; HF uses 0.4); in a ragged
+            batch each row stops on its own, the others draft on.
         dynamic_gamma: adapt the draft length during a generation, per arm: +2 after a round
             in which every draft was accepted, -1 otherwise, within [1, max_gamma] (the
             schedule HF calls "heuristic"). Starts from the arm's gamma each generation.

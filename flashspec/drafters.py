@@ -37,6 +37,11 @@ class DraftContext:
         residual: sampling backend (``SamplingConfig.residual``), also used for drafting.
         adjust: the generation's penalties for a draft step's (B, V) logits, given the round's
             drafts so far (``pick_draft`` applies it); None without penalties.
+        ragged: rows commit their own counts (``Generation.ragged``), so a row may stop
+            drafting alone; in lockstep the batch advances by its shortest row, and the
+            confidence stop ends the round for every row.
+        caps: the most drafts each row may propose this round (None: ``gamma``); a model
+            drafter stops once every row is capped or unsure (``RowStops``).
     """
 
     tokens: torch.Tensor
@@ -46,6 +51,8 @@ class DraftContext:
     confidence_threshold: float | None = None
     residual: ResidualBackend = "auto"
     adjust: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] | None = None
+    ragged: bool = False
+    caps: list[int] | None = None
 
 
 @dataclass
@@ -71,6 +78,15 @@ class Proposal:
     def short(self) -> bool:
         """Whether some row proposes fewer than ``count`` drafts."""
         return self.lengths is not None and any(n < self.count for n in self.lengths)
+
+    def capped(self, caps: Sequence[int] | None) -> Proposal:
+        """This proposal with row b proposing at most ``caps[b]`` drafts (None: unchanged)."""
+        if caps is None or self.count == 0:
+            return self
+        lengths = [min(n, c) for n, c in zip(self.lengths or [self.count] * len(caps), caps,
+                                             strict=True)]  # fmt: skip
+        short = any(n < self.count for n in lengths)
+        return dataclasses.replace(self, lengths=lengths if short else None)
 
 
 def _no_drafts(tokens: torch.Tensor) -> Proposal:
@@ -182,6 +198,7 @@ class ModelDrafter(Drafter):
         last: torch.Tensor | None = None  # the previous draft, fed after the committed tokens
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
+        stops = RowStops(ctx, gamma)
         for i in range(gamma):
             if i:
                 # A stateful drafter keeps a copy of its state at each committed-or-drafted
@@ -189,10 +206,10 @@ class ModelDrafter(Drafter):
                 lm.mark()
             logits = lm.feed(ctx.tokens, ctx.padding, last, keep=1)[:, -1]
             token, unsure = pick_draft(logits, ctx, drafts, dists)
-            if i + 1 < gamma and unsure:
+            if not stops.more(unsure):
                 break
             last = token.unsqueeze(1)
-        return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
+        return stops.proposal(drafts, dists)
 
     def prefill(self, ctx: DraftContext) -> None:
         """Feed the prompt (all but its last token, which ``propose`` feeds) into the cache."""
@@ -235,11 +252,12 @@ def pick_draft(
     ctx: DraftContext,
     drafts: list[torch.Tensor],
     dists: list[torch.Tensor],
-) -> tuple[torch.Tensor, bool]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A model drafter's next draft per row from its (B, V) ``logits``: the argmax when
     greedy, else a sample of the warped distribution (appended to ``dists``, for
-    verification). The draft is appended to ``drafts``; the flag says whether the confidence
-    stop (``ctx.confidence_threshold``) asks to draft no further."""
+    verification). The draft is appended to ``drafts``. Also returns the (B,) bool rows the
+    confidence stop (``ctx.confidence_threshold``) asks to draft no further, still on the
+    device (None without the stop; ``RowStops.more`` reads it)."""
     threshold = ctx.confidence_threshold
     if ctx.adjust is not None:
         logits = ctx.adjust(logits, drafts)
@@ -251,12 +269,52 @@ def pick_draft(
         token = draft_sample(probs, ctx.generator, ctx.residual)
         dists.append(probs)
     drafts.append(token)
-    return token, threshold is not None and probs is not None and _unsure(probs, threshold)
+    if threshold is None or probs is None:
+        return token, None
+    return token, probs.max(dim=-1).values < threshold
 
 
-def _unsure(probs: torch.Tensor, threshold: float) -> bool:
-    # A host read per draft step, paid only when the confidence stop is on.
-    return bool((probs.max(dim=-1).values < threshold).any())
+class RowStops:
+    """When a model drafter's round stops, and how many drafts each row proposed.
+
+    A row stops at its cap (``DraftContext.caps``) or once the confidence stop finds it unsure
+    (keeping the unsure draft, which verification may still accept). In a ragged batch of two
+    or more rows the others draft on while any row still goes and ``gamma`` allows: a row
+    whose draft model is lost no longer ends the round of rows it drafts well. Otherwise (one
+    row, lockstep) any unsure row ends the round for all, as the batch advances by its
+    shortest row anyway.
+
+    Host reads: none without the confidence stop; with it, one per draft step (the unsure
+    flags), as the whole-batch stop always took.
+    """
+
+    def __init__(self, ctx: DraftContext, gamma: int) -> None:
+        self.gamma = gamma
+        self.step = 0  # drafts made so far, in every row
+        self.per_row = ctx.ragged and ctx.tokens.shape[0] > 1
+        self.lengths: list[int] | None = None if ctx.caps is None else list(ctx.caps)
+
+    def more(self, unsure: torch.Tensor | None) -> bool:
+        """After a draft step with the (B,) ``unsure`` rows (None: no confidence stop):
+        whether to draft another."""
+        self.step += 1
+        step = self.step
+        if step >= self.gamma:
+            return False
+        if unsure is not None and not self.per_row:
+            return not bool(unsure.any())
+        if unsure is not None:
+            flags: list[bool] = unsure.tolist()
+            lengths = self.lengths or [self.gamma] * len(flags)
+            self.lengths = [min(n, step) if u else n for n, u in zip(lengths, flags, strict=True)]
+        return self.lengths is None or any(n > step for n in self.lengths)
+
+    def proposal(self, drafts: list[torch.Tensor], dists: list[torch.Tensor]) -> Proposal:
+        """The round's (B, g) drafts and (B, g, V) distributions, each row's length set when
+        some row proposes fewer than g."""
+        tokens = torch.stack(drafts, dim=1)
+        proposal = Proposal(tokens, torch.stack(dists, dim=1) if dists else None)
+        return proposal.capped(self.lengths)
 
 
 class PromptLookupDrafter(Drafter):

@@ -31,7 +31,7 @@ import torch
 from ._compat import ForwardSignature, crop_cache, new_cache
 from ._layout import RowLayout, append_zero_rows, gather_columns, shiftable
 from ._state import select_attention_rows
-from .drafters import DraftContext, Drafter, Proposal, _no_drafts, pick_draft
+from .drafters import DraftContext, Drafter, Proposal, RowStops, _no_drafts, pick_draft
 from .models import Padding, TargetModel
 from .shared_head import draft_input, feature_hidden
 
@@ -128,13 +128,13 @@ class FeatureDrafter(Drafter):
         every = [0] * ctx.tokens.shape[0]
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
-        for i in range(gamma):
+        stops = RowStops(ctx, gamma)
+        while True:
             token, unsure = pick_draft(self.draft.lm_head(state)[:, -1], ctx, drafts, dists)
-            if i + 1 == gamma or unsure:
-                break
+            if not stops.more(unsure):
+                return stops.proposal(drafts, dists)
             state = self._read_columns(state, token.unsqueeze(1), every)
             self._drafted += 1
-        return Proposal(torch.stack(drafts, dim=1), torch.stack(dists, dim=1) if dists else None)
 
     def _catch_up(self, ctx: DraftContext) -> bool:
         """Drop this round's drafted columns and read the target's states up to each row's

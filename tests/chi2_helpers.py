@@ -51,9 +51,11 @@ def first_two_counts(
     calls: int,
     seed: int,
     max_new_tokens: int | None = None,
+    neighbour: Any = None,
 ) -> tuple[Counter[int], Counter[int]]:
     """Counts of the first and second emitted tokens over ``calls`` streams of ``batch`` copies
-    of ``prompt`` (the prompt alone when ``batch`` is 1), call i seeded ``seed + i``.
+    of ``prompt`` (the prompt alone when ``batch`` is 1), call i seeded ``seed + i``. With
+    ``neighbour``, every odd row has that prompt instead and is not counted.
 
     ``max_new_tokens`` defaults to gamma + 1, which leaves room for a full first round of gamma
     drafts; a stream is left once every row has two tokens, so later rounds are never
@@ -63,7 +65,8 @@ def first_two_counts(
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     for call in range(calls):
-        prompts: Any = prompt if batch == 1 else [prompt] * batch
+        rowwise = [prompt if neighbour is None or b % 2 == 0 else neighbour for b in range(batch)]
+        prompts: Any = prompt if batch == 1 else rowwise
         stream = engine.stream(
             prompts, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed + call
         )
@@ -72,9 +75,10 @@ def first_two_counts(
             rows[chunk.row].extend(chunk.token_ids)
             if min(len(r) for r in rows) >= 2:
                 break
-        for tokens in rows:
-            first[tokens[0]] += 1
-            second[tokens[1]] += 1
+        for b, tokens in enumerate(rows):
+            if neighbour is None or b % 2 == 0:
+                first[tokens[0]] += 1
+                second[tokens[1]] += 1
     return first, second
 
 

@@ -403,3 +403,31 @@ def test_a_column_aligned_target_keeps_its_states_by_column() -> None:
     for prompt, tokens in zip(prompts, result.tokens, strict=True):
         reference = hf_greedy(target, prompt, 20)
         assert tokens[: len(reference)] == reference
+
+
+def test_the_confidence_stop_ends_each_rows_drafting_on_its_own() -> None:
+    """In a ragged batch a row whose draft turns unsure stops while the others draft on
+    (``RowStops``): rounds propose lengths that differ across rows, and every row equals HF
+    greedy decoding of its prompt alone."""
+    target = build_llama(0, layers=1, init_range=0.3)
+    drafter = FeatureDrafter(mimic_draft(target))
+    sampling = SamplingConfig(gamma=4, confidence_threshold=0.3)
+    config = FlashSpecConfig(sampling=sampling, bandit=BanditConfig(batches="fixed"))
+    engine = SpeculativeEngine(config, [drafter], TargetModel("tiny", model=target))
+    lengths: list[list[int] | None] = []
+    propose = drafter.propose
+
+    def spy(ctx: Any, gamma: int) -> Any:
+        proposal = propose(ctx, gamma)
+        if proposal.count and (ctx.caps is None or min(ctx.caps) == gamma):
+            lengths.append(proposal.lengths)  # where no row was capped: the stop's own lengths
+        return proposal
+
+    drafter.propose = spy  # type: ignore[method-assign]
+    prompts = [[1, 5, 9, 13, 7, 22, 31], [4, 8, 15], [3, 3, 7, 12, 30, 2, 9, 9, 40, 11]]
+    result = engine.generate(prompts, max_new_tokens=20, ignore_eos=True)
+    for prompt, tokens in zip(prompts, result.tokens, strict=True):
+        reference = hf_greedy(target, prompt, 20)
+        assert tokens[: len(reference)] == reference
+    assert any(n is not None and len(set(n)) > 1 for n in lengths), lengths
+    assert result.stats.accepted > 0

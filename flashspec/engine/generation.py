@@ -12,6 +12,7 @@ from ..config import SamplingConfig
 from ..grammar.masks import GrammarState
 from ..models import Padding
 from ..sampling import Warper
+from ..select.rows import RowRates
 from .penalties import Adjuster
 from .results import GenerationStats, TokenLogprob
 
@@ -57,3 +58,4 @@ class Generation:
     logprobs: int | None = None  # report each token's logprob and this many alternatives
     grammar: GrammarState | None = None  # the rows' grammar matchers (structured output)
     adjusters: list[Adjuster] = field(default_factory=list)  # this round's logit changes
+    row_rates: RowRates = field(default_factory=RowRates)  # per-row acceptance (draft caps)

@@ -34,6 +34,7 @@ from ..select.bandit import Selector
 from ..select.policy import (
     Arm,
     BanditPolicy,
+    Choice,
     Outcome,
     Policy,
     ThroughputPolicy,
@@ -544,8 +545,11 @@ class SpeculativeEngine:
         # draft look dearer and drafts shorter than the best.
         chosen_at = time.perf_counter()
 
-        # 1. draft
-        proposal, setup = self._draft(gen, choice.arm.drafter, choice.gamma, choice.learn)
+        # 1. draft: the batch drafts up to its longest row's cap
+        caps = self._row_caps(gen, policy, choice, follow)
+        if caps is not None:
+            choice = dataclasses.replace(choice, gamma=min(choice.gamma, max(caps)))
+        proposal, setup = self._draft(gen, choice.arm.drafter, choice.gamma, choice.learn, caps)
         drafted_at = time.perf_counter()
 
         # 2. verify
@@ -564,6 +568,10 @@ class SpeculativeEngine:
         # Ragged: each row emits its own accepted drafts and one token. Lockstep: every row
         # emits m + 1, the token at position m.
         counts = [row[g + 1] for row in host] if gen.ragged else [m] * rows
+        if caps is not None and choice.arm.drafter is not None:
+            gen.row_rates.observe(
+                gen.live, choice.arm.drafter, proposal.lengths or [g] * rows, counts
+            )
         accepted_at = time.perf_counter()
 
         # 4. commit: append the emitted tokens (rows that emitted fewer move right in the token
@@ -610,16 +618,41 @@ class SpeculativeEngine:
         stats.time_total += time.perf_counter() - start
         return chunks
 
+    def _row_caps(
+        self, gen: Generation, policy: Policy, choice: Choice, follow: bool
+    ) -> list[int] | None:
+        """The most drafts each row proposes this round, from its own acceptance so far and
+        the batch's measured verification cost (``flashspec.select.rows``). Ragged batches of
+        two or more rows only, whose short rows' drafts are dead columns; None for plain
+        rounds, one row, lockstep and the compiled path, which keep one length for all."""
+        rows = len(gen.live)
+        drafter = choice.arm.drafter
+        if drafter is None or choice.gamma <= 0 or rows < 2 or not gen.ragged:
+            return None
+        if self.compiled.on:
+            return None
+        # Not from measured times when the random draws must not follow them (a seeded
+        # sampled generation, ``BanditConfig.seeded``): then from acceptance alone.
+        model = policy.model if follow and isinstance(policy, ThroughputPolicy) else None
+        share = None if model is None else model.verify_share(rows)
+        return gen.row_rates.caps(gen.live, drafter, choice.gamma, share or 0.0)
+
     def _draft(
-        self, gen: Generation, index: int | None, gamma: int, learn: bool
+        self,
+        gen: Generation,
+        index: int | None,
+        gamma: int,
+        learn: bool,
+        caps: list[int] | None = None,
     ) -> tuple[Proposal, float]:
         """Drafter ``index``'s proposal of up to ``gamma`` tokens per row (none for plain
-        decoding), and the seconds of its first reading of the generation's tokens."""
+        decoding), row b's cut to ``caps[b]``, and the seconds of its first reading of the
+        generation's tokens."""
         if index is None or gamma <= 0:
             return Proposal(gen.tokens.new_empty((gen.tokens.shape[0], 0))), 0.0
         began = time.perf_counter()
         drafter = self.drafters[index]
-        ctx = self._draft_context(gen, drafter)
+        ctx = self._draft_context(gen, drafter, caps)
         setup = 0.0
         if index not in gen.drafted_by:
             # A drafter reads the prompt (and the tokens since) when it is first chosen in a
@@ -632,9 +665,11 @@ class SpeculativeEngine:
                 drafter.prefill(ctx)
                 setup = time.perf_counter() - began
         with span("draft"):
-            return drafter.propose(ctx, gamma), setup
+            return drafter.propose(ctx, gamma).capped(caps), setup
 
-    def _draft_context(self, gen: Generation, drafter: Drafter) -> DraftContext:
+    def _draft_context(
+        self, gen: Generation, drafter: Drafter, caps: list[int] | None = None
+    ) -> DraftContext:
         warper = (
             gen.warper if gen.warper.greedy else with_temperature(gen.warper, drafter.temperature)
         )
@@ -646,6 +681,8 @@ class SpeculativeEngine:
             confidence_threshold=gen.sampling.confidence_threshold,
             residual=gen.sampling.residual,
             adjust=draft_adjust(gen.adjusters),
+            ragged=gen.ragged,
+            caps=caps,
         )
 
     @staticmethod

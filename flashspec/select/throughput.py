@@ -394,6 +394,15 @@ class ThroughputModel:
         parts = self._draft_parts(drafter)
         return None if parts is None else parts[1]
 
+    def verify_share(self, rows: int) -> float | None:
+        """Seconds one more verified token adds to a round of ``rows`` rows, as a share of a
+        plain round's seconds per row (the target side's measured line); None before the line
+        has a slope (``flashspec.select.rows`` weighs each row's drafts with it)."""
+        slope = self._line.slope() if self._line.known else None
+        if slope is None:
+            return None
+        return max(slope, 0.0) * rows / self._line(rows)
+
     def _draft_parts(self, drafter: int) -> tuple[float, float] | None:
         """``(fixed seconds per round, seconds per draft)`` of a drafter, or None."""
         measured = self._in_a_row[drafter]
