@@ -2,6 +2,7 @@
 
     python benchmarks/smollm2_quant.py                        # 6 HumanEval + 6 chat requests
     python benchmarks/smollm2_quant.py --humaneval 1 --chat 1 --max-new-tokens 16 --quick
+    python benchmarks/smollm2_quant.py --target PATH.gguf --out FILE   # another GGUF of it
 
 Methods, on each held-out chat request one after another in a rotating order, after an
 untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
@@ -62,6 +63,12 @@ CHAT = (
     "Why do leaves change colour in autumn?",
 )
 METHODS = ("hf_fp32", "hf_bf16", "fs_plain", "fs_default", "llamacpp", "llamacpp_lookup")
+TARGET = ["smollm2"]
+"""The model every method loads: the named target, or a GGUF file given with --target."""
+
+
+def target_file() -> str:
+    return str(resolve_named(TARGET[0])) if TARGET[0] == "smollm2" else TARGET[0]
 LOOKUP_TOKENS = 10
 
 
@@ -82,9 +89,9 @@ def load(method: str) -> Any:
     """The object a method runs: an engine, an HF model or a llama.cpp model."""
     if method in ("hf_fp32", "hf_bf16"):
         dtype = "float32" if method == "hf_fp32" else "bfloat16"
-        return EngineOptions(target="smollm2", drafter="prompt-lookup", dtype=dtype).build()
+        return EngineOptions(target=TARGET[0], drafter="prompt-lookup", dtype=dtype).build()
     if method in ("fs_plain", "fs_default"):
-        return EngineOptions(target="smollm2").build()
+        return EngineOptions(target=TARGET[0]).build()
     import llama_cpp
     from llama_cpp import llama_speculative
 
@@ -95,7 +102,7 @@ def load(method: str) -> Any:
         else None
     )
     return llama_cpp.Llama(
-        model_path=resolve_named("smollm2"), n_threads=threads, n_threads_batch=threads,
+        model_path=target_file(), n_threads=threads, n_threads_batch=threads,
         n_ctx=4096, logits_all=draft is not None, verbose=False, draft_model=draft,
     )  # fmt: skip
 
@@ -281,7 +288,7 @@ def resident_memory(methods: list[str]) -> dict[str, float | str]:
     out: dict[str, float | str] = {}
     for method in methods:
         proc = subprocess.run(
-            [sys.executable, __file__, "--rss", method],
+            [sys.executable, __file__, "--rss", method, "--target", TARGET[0]],
             capture_output=True, text=True, timeout=900, env=os.environ.copy(),
         )  # fmt: skip
         lines = proc.stdout.strip().splitlines()
@@ -298,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-rss", action="store_true", help="skip the memory measurements")
     parser.add_argument("--rss", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS / "smollm2-quant.json")
+    parser.add_argument(
+        "--target", default="smollm2", help="'smollm2' (its Q4_1 file) or another GGUF of it"
+    )
     args = parser.parse_args(argv)
+    TARGET[0] = args.target
     if args.rss:
         obj = load(args.rss)
         gc.collect()
@@ -331,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "kind": "smollm2-quant",
         "settings": {
+            "target": args.target,
+            "file": Path(target_file()).name,
             "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(),
             "llamacpp_lookup_tokens": LOOKUP_TOKENS,
