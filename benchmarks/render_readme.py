@@ -37,6 +37,7 @@ PAGES: dict[str, Path] = {
     "SMOLLM2-DRAFT": DOCS / "models.md",
     "QUANT-KERNEL": DOCS / "quantized.md",
     "SMOLLM2-QUANT": DOCS / "quantized.md",
+    "SMOLLM2-Q4KM": DOCS / "quantized.md",
     "LENGTHS": DOCS / "adaptive.md",
     "API-FIELDS": DOCS / "engine.md",
 }
@@ -55,6 +56,7 @@ SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
 SMOLLM2_DRAFT_JSON = RESULTS / "smollm2-draft.json"
 QUANT_JSON = RESULTS / "quant.json"
 SMOLLM2_QUANT_JSON = RESULTS / "smollm2-quant.json"
+SMOLLM2_Q4KM_JSON = RESULTS / "smollm2-q4_k_m-quant.json"
 API_FIELDS_JSON = RESULTS / "api-fields.json"
 LENGTHS_JSONS = [RESULTS / "engine-lengths.json", RESULTS / "smollm2-lengths.json"]
 # flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
@@ -973,8 +975,12 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
     """``benchmarks/smollm2_quant.py``: SmolLM2 on the quantized path against HF and llama.cpp."""
     m = data["machine"]
     settings = data["settings"]
+    target = settings.get("target", "smollm2")
+    command = "python benchmarks/smollm2_quant.py" + (
+        f" --target {settings.get('file', target)}" if target != "smollm2" else ""
+    )
     lines = [
-        f"`python benchmarks/smollm2_quant.py` ({_versions(m)}; quantized kernels "
+        f"`{command}` ({_versions(m)}; quantized kernels "
         f"{m.get('quant_backend')}; {settings['threads']} threads for every method; "
         f"{settings['max_new_tokens']} new tokens, greedy; {data['wall_seconds']:.0f} s in all). "
         "Each request runs every method in a rotating order. tokens/s: the median over requests "
@@ -1153,6 +1159,8 @@ def sections() -> dict[str, str]:
         bodies["QUANT-KERNEL"] = quant_kernel_section(_load(QUANT_JSON))
     if SMOLLM2_QUANT_JSON.exists():
         bodies["SMOLLM2-QUANT"] = smollm2_quant_section(_load(SMOLLM2_QUANT_JSON))
+    if SMOLLM2_Q4KM_JSON.exists():
+        bodies["SMOLLM2-Q4KM"] = smollm2_quant_section(_load(SMOLLM2_Q4KM_JSON))
     if API_FIELDS_JSON.exists():
         bodies["API-FIELDS"] = api_fields_section(_load(API_FIELDS_JSON))
     lengths = [_load(path) for path in LENGTHS_JSONS if path.exists()]

@@ -69,6 +69,8 @@ TARGET = ["smollm2"]
 
 def target_file() -> str:
     return str(resolve_named(TARGET[0])) if TARGET[0] == "smollm2" else TARGET[0]
+
+
 LOOKUP_TOKENS = 10
 
 

@@ -32,7 +32,10 @@ SHAPES: tuple[tuple[str, int, int], ...] = (
 QUICK_SHAPES = SHAPES[1:2] + SHAPES[3:]
 ROWS = (1, 2, 3, 5, 8, 16)
 QUICK_ROWS = (1, 5, 16)
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q4_KR", "Q6_KR")
+REPACKED_FROM = {"Q4_KR": "Q4_K", "Q6_KR": "Q6_K"}
+"""flashspec's repacked layouts (``flashspec.quant.ops.REPACKED``) and the GGML format each is
+made from: measured on blocks repacked from that format's."""
 BANDWIDTH_BYTES = 512 << 20
 
 
@@ -53,8 +56,18 @@ def read_bandwidth(repeats: int = 7) -> float:
 
 def random_blocks(name: str, n: int, k: int, seed: int = 0) -> npt.NDArray[np.uint8]:
     """(n, row bytes) uint8 blocks of format ``name`` holding random weights, quantized by
-    gguf-py (or random bytes with finite scales where gguf-py cannot quantize the format)."""
+    gguf-py (or random bytes with finite scales where gguf-py cannot quantize the format; a
+    repacked layout from its source format's blocks)."""
     from gguf import GGMLQuantizationType, quants
+
+    if name in REPACKED_FROM:
+        from .. import _quant as Q
+
+        source = REPACKED_FROM[name]
+        packed: npt.NDArray[np.uint8] = Q.repack(
+            random_blocks(source, n, k, seed), int(GGMLQuantizationType[source]), n, k
+        )
+        return packed
 
     kind = GGMLQuantizationType[name]
     rng = np.random.default_rng(seed)
@@ -101,7 +114,9 @@ def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
     repeats = 9 if quick else 25
     rows: list[dict[str, Any]] = []
     elems = {name: Q.formats()[number][1] for name, number in ids.items()}
-    # A K format's 256-weight blocks do not divide a 576-wide row: such layers cannot exist.
+    # A K format's 256-weight blocks do not divide a 576-wide row: such layers cannot exist
+    # (nor can the layouts repacked from them).
+    elems.update({name: elems[source] for name, source in REPACKED_FROM.items()})
     jobs = [(s, f) for s in shapes for f in formats if s[2] % elems[f] == 0]
     for (label, n, k), fmt in progress(jobs, desc="shapes x formats", disable=not show_progress):
         blocks = random_blocks(fmt, n, k)
