@@ -86,14 +86,21 @@ class Checker:
             self.check(True, what)
 
 
-# GGML type id -> (block bytes, bytes before the quants): the 32-weight formats the asm takes.
-QUANT_BLOCKS = {8: (34, 2), 2: (18, 2), 3: (20, 4)}  # Q8_0, Q4_0, Q4_1
+# Type id -> (block bytes, bytes before the quants): the 32-weight formats the asm takes.
+# Q8_0, Q4_0, Q4_1, and the layouts a load repacks Q4_K and Q6_K into (float32 scales).
+QUANT_BLOCKS = {8: (34, 2), 2: (18, 2), 3: (20, 4), 268: (24, 8), 270: (40, 8)}
+REPACKED_TYPES = (268, 270)
 
 
 def quant_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> npt.NDArray[np.uint8]:
     """(n, row bytes) random blocks of GGML type ``qtype`` with small finite fp16 scales."""
     size, head = QUANT_BLOCKS[qtype]
     raw = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
+    if qtype in REPACKED_TYPES:  # float32 scales as a repack makes them: fp16 x 6 bits
+        half = (rng.standard_normal((n, k // 32, 2)) * 0.002).astype(np.float16)
+        scales = half.astype(np.float32) * rng.integers(-63, 64, size=half.shape)
+        raw[..., :head] = scales.astype("<f4").view(np.uint8).reshape(n, k // 32, head)
+        return raw.reshape(n, -1)
     scales = (rng.standard_normal((n, k // 32, head // 2)) * 0.02).astype(np.float16)
     raw[..., :head] = scales.view(np.uint8).reshape(n, k // 32, head)
     return raw.reshape(n, -1)
@@ -103,6 +110,15 @@ def quant_reference(blocks: npt.NDArray[np.uint8], qtype: int, k: int) -> F64:
     """The weights of ``blocks`` as the GGUF formats define them, in float32, widened."""
     size, head = QUANT_BLOCKS[qtype]
     b = blocks.reshape(blocks.shape[0], k // 32, size)
+    if qtype in REPACKED_TYPES:  # formed in float64 (D * q exact) and rounded once
+        f = b[..., :8].copy().view("<f4").astype(np.float64)
+        if qtype == 268:
+            qs = b[..., head:]
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float64)
+            w64 = f[..., :1] * q + f[..., 1:]
+        else:
+            w64 = np.repeat(f, 16, axis=-1) * b[..., head:].view(np.int8).astype(np.float64)
+        return w64.astype(np.float32).reshape(blocks.shape[0], k).astype(np.float64)
     d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
     if qtype == 8:
         w = d * b[..., 2:].view(np.int8).astype(np.float32)
