@@ -143,9 +143,14 @@ def test_sampled_json_always_parses_and_validates() -> None:
     for text, reason in zip(result.texts, result.finish_reasons, strict=True):
         assert reason == "eos", (reason, text)
         validate(json.loads(text))
-    objects = eng.generate([prompt] * 4, 200, grammar=Grammar("json_object"), seed=4)
+    # A free-form object may still be inside a string when the token budget ends (the API's
+    # finish_reason "length"): every row that ended parses, and most rows end.
+    objects = eng.generate([prompt] * 8, 200, grammar=Grammar("json_object"), seed=4)
     assert objects.texts is not None
-    assert all(isinstance(json.loads(t), dict) for t in objects.texts)
+    ended = [t for t, r in zip(objects.texts, objects.finish_reasons, strict=True) if r == "eos"]
+    assert set(objects.finish_reasons) <= {"eos", "length"}
+    assert len(ended) >= 4, objects.finish_reasons
+    assert all(isinstance(json.loads(t), dict) for t in ended)
 
 
 def test_rows_that_join_follow_the_grammar() -> None:
