@@ -171,8 +171,14 @@ section .text
 ; block (scales in ymm0 / ymm1), and %assign XD0 / XD1 to the byte offsets in the
 ; block's x of their elements.
 %macro HALF_Q8_0 4
-    vpmovsxbd       ymm%3, [%1 + Q8_0_QS + %2 * 16]
-    vpmovsxbd       ymm%4, [%1 + Q8_0_QS + %2 * 16 + 8]
+    HALF_INT8       %1 + Q8_0_QS, %2, %3, %4
+%endmacro
+
+; HALF_INT8 quants, h, lo, hi: the 16 int8 weights of half h at [quants], times the
+; scale in ymm0 (Q8_0 and Q6_KR differ only in where the scale comes from).
+%macro HALF_INT8 4
+    vpmovsxbd       ymm%3, [%1 + %2 * 16]
+    vpmovsxbd       ymm%4, [%1 + %2 * 16 + 8]
     vcvtdq2ps       ymm%3, ymm%3
     vcvtdq2ps       ymm%4, ymm%4
     vmulps          ymm%3, ymm%3, ymm0
@@ -203,15 +209,8 @@ section .text
 %endmacro
 
 %macro HALF_Q6_KR 4
-    vpmovsxbd       ymm%3, [%1 + Q6_KR_QS + %2 * 16]
-    vpmovsxbd       ymm%4, [%1 + Q6_KR_QS + %2 * 16 + 8]
     vbroadcastss    ymm0, [%1 + Q6_KR_D + %2 * KR_SCALE_BYTES]
-    vcvtdq2ps       ymm%3, ymm%3
-    vcvtdq2ps       ymm%4, ymm%4
-    vmulps          ymm%3, ymm%3, ymm0
-    vmulps          ymm%4, ymm%4, ymm0
-%assign XD0 (%2 * 2) * YMM_X
-%assign XD1 (%2 * 2 + 1) * YMM_X
+    HALF_INT8       %1 + Q6_KR_QS, %2, %3, %4
 %endmacro
 
 ; HALF_Q4_MIN quants, h, lo, hi: Q4_1's half from nibbles at [quants], d in ymm0
