@@ -6,6 +6,8 @@ The native residual kernel is ``flashspec._residual`` (see its ``residual_dist``
 The re-exports are lazy (PEP 562): ``import flashspec._residual`` must work with numpy
 alone (wheel checks, kernel tests), so nothing here imports torch until an engine name
 is used.
+
+Earlier names (``TRITON_AVAILABLE`` among them) are listed in ``flashspec.legacy``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "TRITON_AVAILABLE": "._compat",
+    "TRITON_AVAILABLE": ".legacy",
     "Selector": ".select.bandit",
     "ThompsonSelector": ".select.bandit",
     "UCB1Selector": ".select.bandit",
@@ -68,7 +70,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._compat import TRITON_AVAILABLE
     from .config import BanditConfig, FlashSpecConfig, SamplingConfig
     from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, load_drafters
     from .engine import (
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
         TokenLogprob,
         TokenStream,
     )
+    from .legacy import TRITON_AVAILABLE
     from .models import TargetModel, resolve_model_path
     from .select.bandit import Selector, ThompsonSelector, UCB1Selector, make_selector
     from .select.throughput import ThroughputModel

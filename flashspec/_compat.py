@@ -18,18 +18,6 @@ from ._mamba1 import OWNED_CACHE
 from ._state import UnsupportedModelError
 
 
-def _triton_available() -> bool:
-    try:
-        importlib.import_module("triton")
-    except Exception:  # a broken triton install raises more than ImportError
-        return False
-    return True
-
-
-TRITON_AVAILABLE: bool = _triton_available()
-"""Whether ``import triton`` works in this environment."""
-
-
 @dataclass(frozen=True)
 class ForwardSignature:
     """Which optional arguments a model's ``forward`` accepts."""

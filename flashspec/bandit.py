@@ -1,5 +1,5 @@
-"""The earlier path of ``flashspec.select.bandit`` (the bandit selectors), kept for old imports."""
+"""The earlier path of ``flashspec.select.bandit``, kept for old imports (``flashspec.legacy``)."""
 
-from .select.bandit import Selector, ThompsonSelector, UCB1Selector, make_selector
+from .legacy import earlier_module
 
-__all__ = ["Selector", "ThompsonSelector", "UCB1Selector", "make_selector"]
+__getattr__, __dir__, __all__ = earlier_module(globals())

@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 
 from ._validate import is_int
+from .legacy import EarlierField
 
 Method = Literal["auto", "rejection", "greedy", "typical"]
 ResidualBackend = Literal["auto", "native", "torch"]
@@ -290,21 +291,11 @@ class BanditConfig:
     batches: BatchDrafting = "follow"
     seeded: SeededChoice = "fixed"
     n_arms: int | None = None
-    strategy: SelectorKind | None = None
+    # A descriptor, not a shared default: checked and copied to selector as __init__ assigns
+    # it (flashspec.legacy).
+    strategy: EarlierField[SelectorKind] = EarlierField("selector", _SELECTORS)  # noqa: RUF009
 
     def __post_init__(self) -> None:
-        if self.strategy is not None:
-            if self.strategy not in _SELECTORS:
-                raise ValueError(
-                    f"BanditConfig.strategy (the earlier name of selector) must be one of "
-                    f"{_SELECTORS}, got {self.strategy!r}"
-                )
-            if self.selector not in ("model", self.strategy):
-                raise ValueError(
-                    f"BanditConfig.strategy={self.strategy!r} and selector={self.selector!r} "
-                    "disagree; strategy is the earlier name of selector: give one of them"
-                )
-            self.selector = self.strategy
         if self.n_arms is not None and (not is_int(self.n_arms) or self.n_arms < 1):
             raise ValueError(
                 f"BanditConfig.n_arms must be None or an integer >= 1, got {self.n_arms!r}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import _argtypes
+from .legacy import earlier_flags
 
 
 class UserError(Exception):
@@ -136,7 +137,7 @@ class EngineOptions:
             )
             parser.add_argument(
                 "--method",
-                "--variant",  # the earlier name, kept as an alias
+                *earlier_flags("--method"),
                 dest="method",
                 choices=("auto", "rejection", "greedy", "typical"),
                 default="auto",

@@ -1,6 +1,6 @@
-"""The earlier path of ``flashspec.select.throughput`` (the throughput model), kept for old
-imports."""
+"""The earlier path of ``flashspec.select.throughput``, kept for old imports
+(``flashspec.legacy``)."""
 
-from .select.throughput import ThroughputModel, expected_counts
+from .legacy import earlier_module
 
-__all__ = ["ThroughputModel", "expected_counts"]
+__getattr__, __dir__, __all__ = earlier_module(globals())

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from .. import _argtypes
-from ..bandit import Selector
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
 from ..models import DEMO_DRAFT3_NAME, TargetModel, load_pretrained
+from ..select.bandit import Selector
 from .common import (
     Prompt,
     held_out_stdlib_files,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _argtypes
 from .._validate import is_int
-from ..bandit import Selector, ThompsonSelector, UCB1Selector
+from ..select.bandit import Selector, ThompsonSelector, UCB1Selector
 from .common import DEFAULT_OUT, machine_info, progress, pyplot, write_json
 
 if TYPE_CHECKING:

@@ -42,13 +42,14 @@ dropped).
 
 from __future__ import annotations
 
-from ..drafters import load_drafters
-from ..models import TargetModel
+from typing import TYPE_CHECKING
+
+from ..legacy import earlier_module
 from ..select.policy import Arm
 from .loop import RoundView, SpeculativeEngine
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprob, TokenStream
 
-# TargetModel and load_drafters: the earlier library imported them from here.
+# TargetModel and load_drafters: the earlier library imported them from here (flashspec.legacy).
 __all__ = [
     "Arm",
     "GenerationResult",
@@ -61,3 +62,10 @@ __all__ = [
     "TokenStream",
     "load_drafters",
 ]
+
+# Imported here for type checkers only; at run time flashspec.legacy resolves them on first use.
+if TYPE_CHECKING:
+    from ..drafters import load_drafters
+    from ..models import TargetModel
+
+__getattr__, __dir__, _EARLIER_NAMES = earlier_module(globals())

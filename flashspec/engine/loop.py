@@ -17,6 +17,7 @@ from ..compiled import CompileDecision, resolve_compile
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from ..grammar import Grammar
+from ..legacy import Alias
 from ..loading import bundled_drafter
 from ..models import (
     DEMO_DRAFT_NAME,
@@ -268,10 +269,8 @@ class SpeculativeEngine:
         """The throughput model choosing arms and draft lengths, or None."""
         return self.policy.model if isinstance(self.policy, ThroughputPolicy) else None
 
-    @property
-    def model(self) -> ThroughputModel | None:
-        """The earlier name of ``throughput`` (the ``ThroughputModel``, not a neural model)."""
-        return self.throughput
+    model = Alias[ThroughputModel | None]("throughput")
+    """The earlier name of ``throughput`` (the ``ThroughputModel``, not a neural model)."""
 
     @property
     def tokenizer(self) -> Any:
