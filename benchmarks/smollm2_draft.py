@@ -29,13 +29,14 @@ so it has no standalone form an ``assistant_model`` could take.
 
 Step costs (``costs``): per dtype, one decode step of the target (one token after a 64-token
 prompt, on its cache), its verify of gamma + 1 tokens (and the same with torch's own linear layers,
-``flashspec._linear.untuned``), and one draft step (the draft's head
+``flashspec.models.untuned``), and one draft step (the draft's head
 and one layer on its own state), timed alternately, medians of ``COST_REPEATS``; from them a
 round's cost in target steps and the per-draft acceptance a 1.5x or 1.8x speedup needs at that
 cost (a ceiling: the round's bookkeeping is left out).
 
 Greedy rows are checked token for token against HF greedy of the same dtype (a tie at the
-first difference, within the dtype's rounding, counts as equal: ``flashspec._greedy``).
+first difference, within the dtype's rounding, counts as equal:
+``flashspec.bench.identity.compare_greedy``).
 
 Writes ``benchmarks/results/smollm2-draft.json`` (or ``--out``): machine, versions, git sha,
 the draft's card, per-prompt records, and per workload and method the medians of tokens/s
@@ -55,13 +56,12 @@ from typing import Any
 
 import torch
 
-from flashspec._compat import ForwardSignature, crop_cache, new_cache
-from flashspec._greedy import compare_greedy
-from flashspec._linear import untuned
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
+from flashspec.bench.identity import compare_greedy
 from flashspec.feature_drafter import FeatureDrafter
 from flashspec.loading import bundled_draft
+from flashspec.models import ForwardSignature, crop_cache, new_cache, untuned
 from flashspec.options import EngineOptions
 from flashspec.shared_head import feature_hidden
 

@@ -17,11 +17,11 @@ untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
   with its own prompt-lookup drafting, the same thread count.
 
 Greedy rows of flashspec are checked against ``hf_fp32`` (transformers' dequantized model) under
-the tie rule (``flashspec._greedy``); llama.cpp's against it too (it quantizes activations, so
-its text may differ). Resident memory after loading each method's model is measured in a fresh
-process (``--rss METHOD``). Then the cost of one target forward of 1..5 rows (a step, a
-verification) after 150 and 1,000 tokens, and of a prompt's prefill, with the fused C decoder
-step and without it.
+the tie rule (``flashspec.bench.identity.compare_greedy``); llama.cpp's against it too (it
+quantizes activations, so its text may differ). Resident memory after loading each method's
+model is measured in a fresh process (``--rss METHOD``). Then the cost of one target forward of
+1..5 rows (a step, a verification) after 150 and 1,000 tokens, and of a prompt's prefill, with
+the fused C decoder step and without it.
 Writes ``benchmarks/results/smollm2-quant.json``: machine, versions, git sha, per-request
 records, per workload and method the medians of tokens/s and of the ratio to llama.cpp plain
 and to HF fp32. Not a test: numbers depend on load.
@@ -41,13 +41,11 @@ from typing import Any
 
 import torch
 
-from flashspec._greedy import compare_greedy
-from flashspec._lean import hf_forward
-from flashspec._linear import untuned
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
+from flashspec.bench.identity import compare_greedy
 from flashspec.loading import resolve_named
-from flashspec.models import Padding
+from flashspec.models import Padding, untuned
 from flashspec.options import EngineOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -172,7 +170,7 @@ class Methods:
                 tokens = self._plain(ids, n)
             elif method.startswith("hf_"):
                 model = obj.target.model
-                with untuned(model), hf_forward(model), torch.inference_mode():
+                with untuned(model), torch.inference_mode():
                     out = model.generate(
                         x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
                         temperature=None, top_p=None, top_k=None, eos_token_id=self.eos,
@@ -321,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     machine = machine_info()
     try:
-        from flashspec import _quant
+        from flashspec import quant
 
-        machine["quant_backend"] = _quant.backend()
-        machine["quant_threads"] = _quant.threads()
+        machine["quant_backend"] = quant.backend()
+        machine["quant_threads"] = quant.threads()
     except ImportError:
         machine["quant_backend"] = None
     methods = Methods(args.quick)

@@ -13,13 +13,12 @@ import os
 import platform
 import sys
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import _argtypes
-from .options import EngineOptions, UserError, first_line
+from .options import EngineOptions, UserError, first_line, quiet_libraries
 
 EXIT_USAGE = 2
 
@@ -111,22 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------ loading
-
-
-def quiet_libraries() -> None:
-    """Silence library warnings and progress bars that would interleave with the output."""
-    # Library warnings (deprecations, generation-config notes) would interleave with the
-    # streamed text; the command reports what matters itself.
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from transformers.utils import logging
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return
-    hf_logging: Any = logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def build_engine(args: argparse.Namespace) -> Any:

@@ -4,6 +4,12 @@ A ``CausalLM`` wraps a HuggingFace causal LM together with its KV cache and one 
 ``cached``: how many leading columns of the committed token matrix the cache holds. Every
 forward feeds the columns after ``cached``; rolling back after a rejection is a crop to the
 number of columns still valid. Nothing is ever recomputed from the start of the prompt.
+
+A target's model runs leaner than transformers ships it (``make_lean``: the same operations
+without the module overhead; ``tune_linears``: the same products in a faster form on a CPU);
+``untuned(model)`` gives it transformers' forward and torch's linear layers back
+while inside, for baselines. ``new_cache``, ``crop_cache`` and ``ForwardSignature`` are the
+cache helpers every model here uses, for code that calls a model's forward itself.
 """
 
 from __future__ import annotations
@@ -15,7 +21,11 @@ from typing import Any
 
 import torch
 
-from ._compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache
+# ``as``: re-exported, public here (see the module docstring).
+from ._compat import ForwardSignature as ForwardSignature
+from ._compat import crop_cache as crop_cache
+from ._compat import has_sliding_layers
+from ._compat import new_cache as new_cache
 from ._families import check_family, padded_batch_refusal
 from ._layout import (
     RowLayout,
@@ -28,6 +38,7 @@ from ._layout import (
 )
 from ._lean import make_lean
 from ._linear import tune_linears
+from ._linear import untuned as untuned
 from ._state import (
     CHECK_TOLERANCE,
     CacheSupport,

@@ -2,7 +2,9 @@
 
 ``flashspec generate`` and ``flashspec serve`` add them with ``EngineOptions.add_arguments``
 and build with ``EngineOptions.from_args(args).build()``; a field reads one flag, and the
-errors name the flag the user typed.
+errors name the flag the user typed. What every command shares lives here too (``UserError``,
+``first_line``, ``quiet_libraries``): ``flashspec.cli`` imports the subcommands' modules, so they
+cannot import it back.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -398,6 +401,22 @@ def _load_errors(name: str, flag: str) -> Iterator[None]:
             f"Hugging Face hub ({first_line(exc)}); check the id and your network, or pass a "
             "local directory"
         ) from None
+
+
+def quiet_libraries() -> None:
+    """Silence library warnings and progress bars that would interleave with the output."""
+    # Library warnings (deprecations, generation-config notes) would interleave with the
+    # streamed text; the command reports what matters itself.
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return
+    hf_logging: Any = logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def first_line(exc: BaseException) -> str:

@@ -40,6 +40,8 @@ from .common import (
 #   copy_prompts(limit), mixed_stream(humaneval, copy, seed), FixedArm (a selector that always
 #   picks one arm), REGIMES (greedy and sampled settings), SEED_STRIDE (seeds of later passes),
 #   load_drafters_for(args) (``args.drafters``: comma-separated names).
+# Greedy identity (``identity``): compare_greedy(model, prompt, got, reference) under the tie
+#   rule, and its GreedyComparison.
 # The submodules (``flashspec.bench.engine``, ``.report``, ``.profile``, ...) are public too:
 # ``flashspec.bench.report.engine_table`` and ``flashspec.bench.recurrent.table`` render the
 # README's tables.
@@ -55,6 +57,8 @@ _LAZY: dict[str, str] = {
     "copy_prompts": ".adaptive",
     "load_drafters_for": ".adaptive",
     "mixed_stream": ".adaptive",
+    "GreedyComparison": ".identity",
+    "compare_greedy": ".identity",
 }
 
 __all__ = [
@@ -64,10 +68,12 @@ __all__ = [
     "REGIMES",
     "SEED_STRIDE",
     "FixedArm",
+    "GreedyComparison",
     "Pair",
     "Prompt",
     "add_parser",
     "cli",
+    "compare_greedy",
     "copy_prompts",
     "encode",
     "held_out_stdlib_files",
@@ -95,6 +101,7 @@ if TYPE_CHECKING:
         load_drafters_for,
         mixed_stream,
     )
+    from .identity import GreedyComparison, compare_greedy
     from .pair import Pair, encode, load_pair, make_pair, setup_pair
 
 

@@ -41,7 +41,6 @@ from typing import Any
 import torch
 
 from .. import _argtypes
-from .._greedy import compare_greedy
 from .._lean import hf_forward
 from ..compiled import CompileSetting
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
@@ -51,7 +50,9 @@ from ..loading.gguf import MissingDependencyError
 from ..loading.named import ModelNotInstalledError
 from ..models import DEMO_NAMES, TargetModel
 from ..options import add_compile_argument, compile_setting
+from . import common
 from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
+from .identity import count_statuses, row_statuses, worst, worst_verdict
 from .pair import Pair, draft_for, encode, load_pair, quiet_and_threads
 from .runner import forward_counter
 
@@ -67,8 +68,6 @@ LABELS = {
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 DEFAULT_PROMPTS = 32
 WARMUP_TOKENS = 16
-# Worst first: a prompt's verdict over the repeats is the worst of its runs.
-STATUSES = ("mismatch", "tie", "identical")
 
 
 # ---------------------------------------------------------------------------------- running
@@ -238,44 +237,6 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.int64)
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.int64)
     return ids, mask
-
-
-# --------------------------------------------------------------------------------- identity
-
-
-def row_statuses(
-    pair: Pair,
-    prompts: Sequence[Sequence[int]],
-    got: Sequence[Sequence[int]],
-    reference: Sequence[Sequence[int]],
-) -> list[dict[str, Any]]:
-    """Each row's verdict against the reference's row: ``identical``, or (under the greedy
-    tie rule, ``flashspec._greedy``) ``tie`` or ``mismatch`` with where and by what gap."""
-    out: list[dict[str, Any]] = []
-    for ids, row, ref in zip(prompts, got, reference, strict=True):
-        if list(row) == list(ref):
-            out.append({"status": "identical"})
-            continue
-        # The tie check runs one full forward; only rows that differ pay for it.
-        verdict = compare_greedy(pair.target, ids, row, ref)
-        out.append({"status": verdict.status, "at": verdict.at, "gap": verdict.gap})
-    return out
-
-
-def worst(statuses: Sequence[str]) -> str:
-    """The worst of a prompt's verdicts over the repeats."""
-    return min(statuses, key=STATUSES.index)
-
-
-def worst_verdict(verdicts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The worst of a prompt's verdicts (``row_statuses`` entries) over the repeats."""
-    ranked: dict[str, Any] = min(verdicts, key=lambda v: STATUSES.index(v["status"]))
-    return ranked
-
-
-def count_statuses(statuses: Sequence[str]) -> dict[str, int]:
-    """How many rows are identical, ties and mismatches."""
-    return {s: sum(x == s for x in statuses) for s in ("identical", "tie", "mismatch")}
 
 
 # ------------------------------------------------------------------------------- the sweep
@@ -641,9 +602,7 @@ def result_name(target: str) -> str:
     """``batch`` for the demo pair, ``batch-NAME`` for another target."""
     if target in DEMO_NAMES:
         return "batch"
-    from .chat import result_name as short
-
-    return f"batch-{short(target)}"
+    return f"batch-{common.result_name(target)}"
 
 
 def settings_from_args(args: argparse.Namespace) -> BatchSettings:

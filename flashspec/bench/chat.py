@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import statistics
 import sys
 import time
@@ -46,7 +45,9 @@ from .chat_requests import chat_ids as chat_ids
 from .chat_requests import copy_prompts as copy_prompts
 from .chat_requests import humaneval_requests as humaneval_requests
 from .common import machine_info, progress, quiet_timing, write_json
+from .common import result_name as result_name
 from .lengths import length_study, report_lengths
+from .pair import Pair, decode_costs
 
 WORKLOADS = ("humaneval", "copy")
 HF_LOOKUP_TOKENS = 10
@@ -448,9 +449,6 @@ def check_targets(summary: dict[str, Any]) -> dict[str, Any]:
 
 def cost_probe(model: Any, ids: list[int], gamma: int = 4, reps: int = 25) -> dict[str, Any]:
     """Median ms of a 1-token and a (gamma+1)-token forward with a KV cache after ``ids``."""
-    from .engine import decode_costs
-    from .pair import Pair
-
     costs = decode_costs(Pair(model, None, None, "", None), ids, gamma, reps=reps)
     return {
         "context_tokens": costs["context_tokens"],
@@ -658,14 +656,6 @@ def run_chat(settings: ChatSettings, build: Callable[..., Any] | None = None) ->
 
 
 # -------------------------------------------------------------------------------------- CLI
-
-
-def result_name(target: str) -> str:
-    """The result file stem for a target: its short name, or its file or folder name."""
-    stem = Path(target).name
-    if stem.lower().endswith(".gguf"):
-        stem = stem[: -len(".gguf")]
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem) or "chat"
 
 
 def settings_from_args(args: argparse.Namespace) -> ChatSettings:

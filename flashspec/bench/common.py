@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import sysconfig
@@ -195,6 +196,14 @@ def _git_sha() -> str:
         timeout=10,
     ).stdout.strip()
     return sha + ("+dirty" if dirty else "")
+
+
+def result_name(target: str) -> str:
+    """The result file stem for a target: its short name, or its file or folder name."""
+    stem = Path(target).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem) or "chat"
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:

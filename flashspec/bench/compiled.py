@@ -64,8 +64,9 @@ from ..engine import SpeculativeEngine
 from ..loading.gguf import MissingDependencyError
 from ..loading.named import ModelNotInstalledError
 from ..models import DEMO_NAMES, TargetModel
-from .batch import count_statuses, row_statuses, worst, worst_verdict
+from . import common
 from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
+from .identity import count_statuses, row_statuses, worst, worst_verdict
 from .pair import Pair, draft_for, encode, load_pair, quiet_and_threads
 from .runner import TEMPERATURE, TOP_P
 
@@ -849,9 +850,7 @@ def result_name(target: str) -> str:
     """``compiled`` for the demo pair, ``compiled-NAME`` for another target."""
     if target in DEMO_NAMES:
         return "compiled"
-    from .chat import result_name as short
-
-    return f"compiled-{short(target)}"
+    return f"compiled-{common.result_name(target)}"
 
 
 def settings_from_args(args: argparse.Namespace) -> CompiledSettings:

@@ -12,11 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .._greedy import compare_greedy
 from ..compiled import CompileSetting
-from ..models import CausalLM, Padding
 from ..options import compile_setting
 from .common import (
     Prompt,
@@ -28,7 +25,7 @@ from .common import (
     write_json,
 )
 from .lengths import length_study, report_lengths
-from .pair import Pair, encode, setup_pair
+from .pair import Pair, decode_costs, encode, setup_pair
 from .report import plot_engine, report_engine
 from .runner import (
     HF_LOOKUP_TOKENS,
@@ -50,43 +47,6 @@ def greedy_identity(pair: Pair, ids: list[int], got: list[int], ref: list[int]) 
 
 
 # ------------------------------------------------------------------------------- cost model
-
-
-def decode_costs(pair: Pair, ids: list[int], gamma: int, reps: int = 25) -> dict[str, Any]:
-    """Median ms of a one-token forward with a KV cache after ``ids`` (target, draft), and of
-    the target's (gamma+1)-token verification forward; c = draft / target."""
-
-    def timed(model: Any, width: int) -> float:
-        lm = CausalLM(model)
-        padding = Padding(torch.zeros(1, dtype=torch.int64))
-        context = torch.tensor([ids], dtype=torch.int64)
-        step = torch.tensor([ids[-width:] if len(ids) >= width else ids[:1] * width])
-        times = []
-        with torch.inference_mode():
-            lm.reset()
-            lm.forward(context, padding, keep=1)
-            for i in range(reps + 3):
-                start = time.perf_counter()
-                lm.forward(step, padding, keep=width)
-                elapsed = time.perf_counter() - start
-                lm.rollback(len(ids))
-                if i >= 3:
-                    times.append(elapsed)
-        return statistics.median(times) * 1000
-
-    target_ms = timed(pair.target, 1)
-    out: dict[str, Any] = {
-        "context_tokens": len(ids),
-        "target_ms": round(target_ms, 4),
-        "target_verify_ms": round(timed(pair.target, gamma + 1), 4),
-        "verify_tokens": gamma + 1,
-    }
-    out["verify_over_step"] = round(out["target_verify_ms"] / target_ms, 4)
-    if pair.draft is not None:
-        draft_ms = timed(pair.draft, 1)
-        out["draft_ms"] = round(draft_ms, 4)
-        out["c"] = round(draft_ms / target_ms, 4)
-    return out
 
 
 def ideal_speedup(method: str, record: dict[str, Any], c: float | None) -> float | None:

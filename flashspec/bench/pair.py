@@ -1,16 +1,19 @@
 """The model pair the model benchmarks run: a target, an optional draft and the target's
-tokenizer, loaded with EOS switched off, and prompts encoded as the engine encodes them."""
+tokenizer, loaded with EOS switched off, prompts encoded as the engine encodes them, and what a
+forward of each costs (``decode_costs``, the cost model's input)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..models import load_pretrained, resolve_model_path
+from ..models import CausalLM, Padding, load_pretrained, resolve_model_path
 
 
 @dataclass
@@ -101,3 +104,40 @@ def draft_for(target: str, draft: str | None) -> str | None:
     if target not in DEMO_NAMES or (draft is not None and draft.lower() == "none"):
         return None if draft is None or draft.lower() in ("none", "demo-draft") else draft
     return draft
+
+
+def decode_costs(pair: Pair, ids: list[int], gamma: int, reps: int = 25) -> dict[str, Any]:
+    """Median ms of a one-token forward with a KV cache after ``ids`` (target, draft), and of
+    the target's (gamma+1)-token verification forward; c = draft / target."""
+
+    def timed(model: Any, width: int) -> float:
+        lm = CausalLM(model)
+        padding = Padding(torch.zeros(1, dtype=torch.int64))
+        context = torch.tensor([ids], dtype=torch.int64)
+        step = torch.tensor([ids[-width:] if len(ids) >= width else ids[:1] * width])
+        times = []
+        with torch.inference_mode():
+            lm.reset()
+            lm.forward(context, padding, keep=1)
+            for i in range(reps + 3):
+                start = time.perf_counter()
+                lm.forward(step, padding, keep=width)
+                elapsed = time.perf_counter() - start
+                lm.rollback(len(ids))
+                if i >= 3:
+                    times.append(elapsed)
+        return statistics.median(times) * 1000
+
+    target_ms = timed(pair.target, 1)
+    out: dict[str, Any] = {
+        "context_tokens": len(ids),
+        "target_ms": round(target_ms, 4),
+        "target_verify_ms": round(timed(pair.target, gamma + 1), 4),
+        "verify_tokens": gamma + 1,
+    }
+    out["verify_over_step"] = round(out["target_verify_ms"] / target_ms, 4)
+    if pair.draft is not None:
+        draft_ms = timed(pair.draft, 1)
+        out["draft_ms"] = round(draft_ms, 4)
+        out["c"] = round(draft_ms / target_ms, 4)
+    return out

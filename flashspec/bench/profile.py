@@ -17,7 +17,15 @@ from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
 from ..models import TargetModel
 from ..profiling import Spans, profiling
-from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
+from .common import (
+    Prompt,
+    humaneval_prompts,
+    machine_info,
+    progress,
+    quiet_timing,
+    result_name,
+    write_json,
+)
 from .pair import Pair, encode, setup_pair
 from .runner import TEMPERATURE, TOP_P
 
@@ -187,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
     real = args.target not in DEMO_NAMES
     name = args.name
     if real:
-        from .chat import chat_ids, humaneval_requests, result_name
+        from .chat_requests import chat_ids, humaneval_requests
 
         if args.draft is not None and args.draft.lower() == "demo-draft":
             args.draft = None  # the parser's default draft belongs to the demo target

@@ -15,11 +15,10 @@ import ray.exceptions
 from ray import serve
 
 from ..options import UserError
-from ..serve.cli import RAY_ADDRESS_ENV, loopback
-from ..serve.run import bind
+from ..serve.run import bind, loopback
 from .app import application
 from .replica import BOARD_NAMESPACE, board_name
-from .settings import ClusterSettings
+from .settings import RAY_ADDRESS_ENV, ClusterSettings
 
 logger = logging.getLogger("flashspec.cluster")
 

@@ -15,6 +15,8 @@ from ..options import EngineOptions, UserError
 from ..serve.worker import BATCHING_MODES, DEFAULT_SHUTDOWN_TIMEOUT_S
 
 DEFAULT_APP_NAME = "flashspec"
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+"""The environment variable naming a Ray cluster to join (unset: start a local head)."""
 # How text spells a boolean in ``serve run key=value`` arguments.
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from .layers import QuantEmbedding, QuantLinear
 from .load import QuantizedLoad, build_quantized_model
-from .ops import available, formats, qmatmul
+from .ops import available, backend, formats, qmatmul, threads
 
 __all__ = [
     "QuantEmbedding",
     "QuantLinear",
     "QuantizedLoad",
     "available",
+    "backend",
     "build_quantized_model",
     "formats",
     "qmatmul",
+    "threads",
 ]

@@ -46,6 +46,24 @@ def available() -> bool:
     return True
 
 
+def backend() -> str:
+    """The kernels' active backend (``scalar``, ``avx2`` or ``avx512``), as result files record.
+
+    Raises:
+        ImportError: the extension is not built in this installation.
+    """
+    return str(kernels().backend())
+
+
+def threads() -> int:
+    """Threads the kernels split each product over.
+
+    Raises:
+        ImportError: the extension is not built in this installation.
+    """
+    return int(kernels().threads())
+
+
 def formats() -> dict[int, tuple[str, int, int]]:
     """{GGML type id: (name, block elements, block bytes)} of the formats the kernels take."""
     return dict(kernels().formats())

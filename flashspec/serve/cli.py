@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import ipaddress
 import os
 import sys
 from typing import Any
 
 from .. import _argtypes
-from ..options import EngineOptions, UserError
+from ..cluster.settings import RAY_ADDRESS_ENV  # stdlib only: no Ray
+from ..options import EngineOptions, UserError, quiet_libraries
 from .worker import BATCHING_MODES, DEFAULT_SHUTDOWN_TIMEOUT_S  # stdlib only: no FastAPI
-
-RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def port(text: str) -> int:
@@ -136,26 +134,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return serve
 
 
-def loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (only this machine can connect)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """``flashspec serve``: build the engine, then serve it until interrupted."""
-    from ..cli import quiet_libraries
-
     missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(
             f"flashspec serve needs {' and '.join(missing)}: pip install 'flashspec[serve]'"
         )
-    from .run import bind, serve
+    from .run import bind, loopback, serve
     from .service import API_KEY_ENV, resolve_api_key
 
     api_key = resolve_api_key(args.api_key)

@@ -1,9 +1,11 @@
 """Running the app: ``serve`` until interrupted, ``ServerThread`` in the background, and the
-socket (``bind``) and uvicorn settings (``uvicorn_config``) both use.
+socket (``bind``) and uvicorn settings (``uvicorn_config``) both use; ``loopback`` says whether
+a host is this machine only (``flashspec serve`` and the Ray launcher both ask).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -58,6 +60,16 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (only this machine can connect)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(
