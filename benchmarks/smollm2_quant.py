@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         from flashspec import quant
 
         machine["quant_backend"] = quant.backend()
-        machine["quant_threads"] = quant.threads()
+        machine["quant_threads"] = quant.kernel_threads()
     except ImportError:
         machine["quant_backend"] = None
     methods = Methods(args.quick)

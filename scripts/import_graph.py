@@ -6,7 +6,7 @@
 Every import counts, wherever it is written: at the top of a module, inside a function (a
 deferred import still runs, and a cycle through one only waits for the first call to bite),
 and the dynamic ones whose module is a string in the source (``importlib.import_module``, a
-package's ``lazy_exports`` table, ``bench.cli``'s ``COMMANDS``). Only imports under
+package's ``lazy_exports`` table, ``bench.commands``' ``COMMANDS``). Only imports under
 ``if TYPE_CHECKING:`` are left out: they never run. ``from pkg import name`` is an edge to the
 submodule ``pkg.name`` when there is one, else to ``pkg`` itself; the implicit import of a
 module's parent packages is not an edge (it would make every package that re-exports a

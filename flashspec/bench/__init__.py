@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .cli import add_parser, cli, main
+from .commands import add_parser, cli, main
 from .common import (
     DATA_DIR,
     DEFAULT_OUT,

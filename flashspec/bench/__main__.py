@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .cli import cli
+from .commands import cli
 
 sys.exit(cli())

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from .layers import QuantEmbedding, QuantLinear
 from .load import QuantizedLoad, build_quantized_model
-from .ops import available, backend, formats, qmatmul, threads
+from .ops import available, backend, formats, qmatmul
+from .ops import threads as kernel_threads  # ``flashspec.quant.threads`` is the module
 
 __all__ = [
     "QuantEmbedding",
@@ -21,6 +22,6 @@ __all__ = [
     "backend",
     "build_quantized_model",
     "formats",
+    "kernel_threads",
     "qmatmul",
-    "threads",
 ]
