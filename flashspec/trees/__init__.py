@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .tree import ROOT, TokenTree, TreeBuilder, Trial
+from .tree import ROOT, TokenTree, TreeBuilder, TreeShape, Trial
 
-__all__ = ["ROOT", "TokenTree", "TreeBuilder", "Trial"]
+__all__ = ["ROOT", "TokenTree", "TreeBuilder", "TreeShape", "Trial"]

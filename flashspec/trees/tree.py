@@ -25,6 +25,22 @@ ROOT = -1
 
 
 @dataclass(frozen=True)
+class TreeShape:
+    """How large a tree a drafter may propose: ``depth`` levels at most, ``nodes`` nodes at
+    most, ``top_k`` children of a node at most."""
+
+    depth: int = 5
+    nodes: int = 24
+    top_k: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "nodes", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TreeShape {name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
 class Trial:
     """One try of a child at its parent: the child's node index, and the (V,) distribution its
     token was drawn from (None: chosen deterministically, a point mass)."""
