@@ -20,6 +20,7 @@ from ._validate import is_int
 from .config import AUTO_DTYPE, ResidualBackend
 from .models import CausalLM, Padding, TargetModel, load_pretrained, place_model
 from .sampling import Warper, draft_sample
+from .trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape
 
 PROMPT_LOOKUP_NAMES = ("prompt_lookup", "prompt-lookup", "ngram")
 
@@ -93,6 +94,14 @@ def _no_drafts(tokens: torch.Tensor) -> Proposal:
     return Proposal(tokens.new_empty((tokens.shape[0], 0)))
 
 
+def tree_depth(ctx: DraftContext, shape: TreeShape) -> int:
+    """The most levels a tree may have this round: ``shape.depth``, or the row's cap (a
+    row near its token limit has no use for deeper drafts); 0 unless the batch has one row."""
+    if ctx.tokens.shape[0] != 1:
+        return 0
+    return shape.depth if ctx.caps is None else min(shape.depth, ctx.caps[0])
+
+
 class Drafter(ABC):
     """Interface between the engine and a drafter.
 
@@ -120,6 +129,18 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
         """Propose up to ``gamma`` tokens per row after ``ctx.tokens``."""
+
+    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        """A tree of continuations for a batch of ONE row (``ctx.tokens`` is (1, L)), or None:
+        this drafter proposes chains only (the default), the batch has more rows, or it has
+        nothing to propose.
+
+        Trials are point masses (``q`` None), each parent's children in the drafter's order of
+        preference (most likely first); the tree has at most ``shape.depth`` levels (and at
+        most ``ctx.caps[0]``, when capped), ``shape.nodes`` nodes and ``shape.top_k`` children
+        per node. The engine calls ``commit`` / ``keep_rows`` after the round as after a chain.
+        """
+        return None
 
     def prefill(self, ctx: DraftContext) -> None:  # noqa: B027 - stateless drafters: nothing to do
         """Bring any cached state up to all but the newest committed token, ahead of time.
@@ -375,6 +396,56 @@ class PromptLookupDrafter(Drafter):
             offsets < available.unsqueeze(1), tokens.gather(1, positions), tokens[:, -1:]
         )
         return Proposal(drafts, lengths=available.tolist() if batch > 1 else None)
+
+    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        """Every distinct continuation of the row's suffix found earlier in the row, merged
+        into a trie: the continuations of longer n-gram matches first (as ``propose`` tries
+        them), then, for one n, more recent matches before older ones. Each continuation has
+        up to ``shape.depth`` tokens; one that meets a node with ``shape.top_k`` children
+        already (or the ``shape.nodes`` budget) is cut there. None for a batch of more rows, or
+        when no match has a continuation.
+
+        Cost: O(L·n) comparisons per n-gram length, then O(depth) per match on the host.
+        """
+        depth = tree_depth(ctx, shape)
+        tokens = ctx.tokens
+        length = int(tokens.shape[1])
+        if depth < 1 or length < 2:
+            return None
+        left = ctx.padding.lefts[0]
+        row = tokens[0]
+        host: list[int] = row.tolist()
+        builder = TreeBuilder()
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            # Window j covers columns j .. j+n-1; windows j <= length-n-1 end before the suffix
+            # and have at least one token after them.
+            windows = row.unfold(0, n, 1)[: length - n]  # (length - n, n)
+            hit = (windows == row[length - n :]).all(dim=-1)  # (length - n,)
+            hit[: max(0, min(left, length - n))] = False  # padding is no text
+            starts: list[int] = hit.nonzero().flatten().tolist()
+            for j in reversed(starts):  # most recent first
+                _add_continuation(builder, host[j + n : j + n + depth], shape)
+                if builder.size >= shape.nodes:
+                    return builder.build(tokens.device)
+        return builder.build(tokens.device) if builder.size else None
+
+
+def _add_continuation(builder: TreeBuilder, path: Sequence[int], shape: TreeShape) -> None:
+    """Merge ``path`` into the trie from the root, cut where it would give a node more than
+    ``shape.top_k`` children or the tree more than ``shape.nodes`` nodes."""
+    parent, fits = ROOT, 0
+    for token in path:
+        child = builder.node(parent, token)
+        if child is not None:
+            parent, fits = child, fits + 1
+            continue
+        # Point-mass trials: one per child, so a parent's trial list counts its children.
+        if len(builder.trials[parent + 1]) < shape.top_k:
+            # Below the first new node every node is new and childless: only the budget binds.
+            fits += min(shape.nodes - builder.size, len(path) - fits)
+        break
+    if fits:
+        builder.add_path(path[:fits])
 
 
 def load_drafters(

@@ -31,9 +31,18 @@ import torch
 from ._compat import ForwardSignature, crop_cache, new_cache
 from ._layout import RowLayout, append_zero_rows, gather_columns, shiftable
 from ._state import select_attention_rows
-from .drafters import DraftContext, Drafter, Proposal, RowStops, _no_drafts, pick_draft
+from .drafters import (
+    DraftContext,
+    Drafter,
+    Proposal,
+    RowStops,
+    _no_drafts,
+    pick_draft,
+    tree_depth,
+)
 from .models import Padding, TargetModel
 from .shared_head import draft_input, feature_hidden
+from .trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape
 
 
 class FeatureDrafter(Drafter):
@@ -135,6 +144,110 @@ class FeatureDrafter(Drafter):
                 return stops.proposal(drafts, dists)
             state = self._read_columns(state, token.unsqueeze(1), every)
             self._drafted += 1
+
+    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        """An EAGLE-2 dynamic tree (Li et al. 2024) for a batch of one row; None for more rows
+        or before the target has read the row's prompt.
+
+        The root's children are the draft's ``top_k`` tokens, each with its draft probability
+        as path probability. Each further level reads the ``top_k`` newest nodes of highest
+        path probability in one draft forward (a tree mask: each sees the row's committed
+        columns, its ancestors' columns and itself) and gives each its ``top_k`` children at
+        path probability the parent's times the draft's. Of all nodes, the ``shape.nodes``
+        most probable are kept (ancestor-closed: a child is never more probable than its
+        parent, and ties go to the earlier node), in that order, which is topological with each
+        parent's children most probable first. Probabilities are the warped draft distribution
+        when sampling, the plain softmax when greedy; tokens of probability 0 are never nodes.
+        Penalties (``ctx.adjust``) are not applied: the trials are point masses, which
+        verification accepts exactly whatever they are.
+
+        Every column read here is a drafted column, dropped at the next commit, ``keep_rows``
+        or catch-up as a chain's are.
+        """
+        depth = tree_depth(ctx, shape)
+        if depth < 1 or not self._catch_up(ctx):
+            return None
+        root = self._state  # (1, 1, d)
+        rows = self._rows
+        assert root is not None and rows.alive is not None
+        committed = rows.lengths[0]  # columns read from the target's states
+        seen = rows.alive[0].clone()  # (W0,) the row's committed columns
+        nodes = _Candidates()
+        frontier = nodes.expand(self._tree_probs(self.draft.lm_head(root)[:, -1], ctx),
+                                [ROOT], [1.0], shape.top_k)  # fmt: skip
+        states: dict[int, torch.Tensor] = {ROOT: root[0, 0]}  # node -> its draft state (d,)
+        for level in range(2, depth + 1):
+            chosen = sorted(frontier, key=lambda i: (-nodes.probs[i], i))[: shape.top_k]
+            if not chosen:
+                break
+            features = torch.stack([states[nodes.parents[i]] for i in chosen]).unsqueeze(0)
+            ids = torch.tensor([[nodes.tokens[i] for i in chosen]], device=root.device)
+            # A node at depth k sits where a chain's k-th draft does: committed + k - 1.
+            hidden = self._read_tree(features, ids, committed + level - 2, chosen, nodes, seen)
+            for n, i in enumerate(chosen):
+                states[i] = hidden[0, n]
+            dists = self._tree_probs(self.draft.lm_head(hidden)[0], ctx)  # (n, V)
+            frontier = nodes.expand(dists, chosen, [nodes.probs[i] for i in chosen],
+                                    shape.top_k)  # fmt: skip
+        return nodes.tree(shape.nodes, ctx.tokens.device)
+
+    def _read_tree(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        position: int,
+        chosen: list[int],
+        nodes: _Candidates,
+        seen: torch.Tensor,
+    ) -> torch.Tensor:
+        """One draft forward of tree nodes ``chosen`` (all at one depth, at ``position``):
+        (state, token) pairs ``features`` (1, n, d) and ``tokens`` (1, n); each column sees the
+        committed columns ``seen`` (W0,), its ancestors' columns (read at earlier levels) and
+        itself. Records the new columns as drafted; returns their hidden states (1, n, d)."""
+        rows = self._rows
+        count, width = len(chosen), rows.width
+        device = features.device
+        visible = torch.zeros((count, width + count), dtype=torch.bool, device=device)
+        visible[:, : seen.shape[0]] = seen
+        query: list[int] = []
+        key: list[int] = []
+        for n, node in enumerate(chosen):
+            ancestor = nodes.parents[node]
+            while ancestor != ROOT:
+                query.append(n)
+                key.append(nodes.columns[ancestor])
+                ancestor = nodes.parents[ancestor]
+            query.append(n)
+            key.append(width + n)
+            nodes.columns[node] = width + n
+        visible[torch.tensor(query, device=device), torch.tensor(key, device=device)] = True
+        dtype = features.dtype  # the draft's own states: the dtype its layers compute in
+        # (1, 1, n, W + n) additive: 4-D masks reach the attention as they are.
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+        mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[None, None]
+        limit = getattr(self.draft.config, "max_position_embeddings", None)
+        if limit is not None:
+            position = min(position, int(limit) - 1)  # (as _read_columns does)
+        positions = torch.full((1, count), position, dtype=torch.int64, device=device)
+        kwargs: dict[str, Any] = {
+            self._cache_arg: self._cache,
+            "use_cache": True,
+            "position_ids": positions,
+            "attention_mask": mask,
+        }
+        hidden = feature_hidden(self.draft, features, tokens, **kwargs)
+        # Counted in the row's length and in ``_drafted``, as a chain's columns are, so that
+        # ``_drop_drafted`` restores the committed layout exactly.
+        rows.append(torch.ones((1, count), dtype=torch.bool, device=device), [count])
+        self._drafted += count
+        return hidden
+
+    @staticmethod
+    def _tree_probs(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        """(n, V) float32 draft probabilities of (n, V) ``logits``: warped when sampling."""
+        if ctx.warper.greedy:
+            return logits.float().softmax(dim=-1)
+        return ctx.warper.probs(logits)
 
     def _catch_up(self, ctx: DraftContext) -> bool:
         """Drop this round's drafted columns and read the target's states up to each row's
@@ -259,3 +372,46 @@ class FeatureDrafter(Drafter):
         if self._state is not None:
             self._state = torch.cat([self._state, self._state.new_zeros(
                 (tokens.shape[0], *self._state.shape[1:]))])  # fmt: skip
+
+
+class _Candidates:
+    """The nodes an EAGLE-2 tree round considered (host lists, by creation order: a parent is
+    always created before its children)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.probs: list[float] = []  # path probabilities
+        self.columns: dict[int, int] = {}  # read nodes: their cache column
+
+    def expand(
+        self, dists: torch.Tensor, parents: list[int], probs: list[float], top_k: int
+    ) -> list[int]:
+        """Give each of ``parents`` (path probabilities ``probs``) the ``top_k`` most likely
+        tokens of its (V,) row of ``dists`` (n, V) as children; returns the new nodes."""
+        k = min(top_k, int(dists.shape[-1]))
+        values, indices = dists.topk(k, dim=-1)  # (n, k), most likely first
+        new: list[int] = []
+        for parent, prob, qs, ids in zip(parents, probs, values.tolist(), indices.tolist(),
+                                         strict=True):  # fmt: skip
+            for q, token in zip(qs, ids, strict=True):
+                if q <= 0.0:
+                    break  # filtered out by the warp: never a node
+                new.append(len(self.tokens))
+                self.tokens.append(int(token))
+                self.parents.append(parent)
+                # q <= 1, so a child's path probability never exceeds its parent's.
+                self.probs.append(prob * q)
+        return new
+
+    def tree(self, budget: int, device: torch.device) -> TokenTree | None:
+        """The ``budget`` most probable nodes as a tree; ties go to the earlier node, so the
+        order is topological and each parent's children come most probable first."""
+        order = sorted(range(len(self.tokens)), key=lambda i: (-self.probs[i], i))[:budget]
+        if not order:
+            return None
+        builder = TreeBuilder()
+        mine: dict[int, int] = {ROOT: ROOT}
+        for i in order:
+            mine[i] = builder.add(mine[self.parents[i]], self.tokens[i])
+        return builder.build(device)
