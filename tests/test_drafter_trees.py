@@ -165,18 +165,26 @@ def test_no_tree_without_a_match_or_for_two_rows() -> None:
 
 class TargetStates:
     """What a bound target gives a ``FeatureDrafter``: the target's final hidden states at
-    every committed token of the row but the newest (a full forward of the target)."""
+    every committed token of each row but the newest (a full forward of the target over the
+    row's own tokens), indexed by the row's own token index (as a ragged target keeps them)."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        self.states = torch.zeros(0)
+        self.states = torch.zeros(0)  # (B, n, d), right-padded
+        self.counts: list[int] = []
 
-    def show(self, tokens: torch.Tensor) -> None:
-        """The row's committed tokens are now ``tokens`` (1, L)."""
-        self.states = self.target.model(input_ids=tokens).last_hidden_state[:, :-1]
+    def show(self, tokens: torch.Tensor, lefts: list[int] | None = None) -> None:
+        """The committed tokens are now ``tokens`` (B, L), row b's from column ``lefts[b]``."""
+        lefts = lefts or [0] * tokens.shape[0]
+        rows = [
+            self.target.model(input_ids=tokens[b : b + 1, left:]).last_hidden_state[0, :-1]
+            for b, left in enumerate(lefts)
+        ]
+        self.counts = [int(r.shape[0]) for r in rows]
+        self.states = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
 
     def feature_counts(self, padding: Padding) -> list[int]:
-        return [int(self.states.shape[1])]
+        return list(self.counts)
 
     def gather_features(self, index: torch.Tensor, padding: Padding) -> torch.Tensor:
         index = index.clamp(0, self.states.shape[1] - 1)
@@ -184,12 +192,16 @@ class TargetStates:
 
 
 def feature_setup(seed: int = 3) -> tuple[Any, Any, TargetStates]:
-    """A tiny target, a features draft of it over the whole vocabulary, and its states."""
+    """A tiny target, a features draft of it over the whole vocabulary, and its states. The
+    draft's layer is the target's first (sharp attention, unlike a fresh layer's nearly even
+    one), so that what each column sees and at which position decides its drafts."""
     target = build_llama(0, init_range=0.3)
     torch.manual_seed(seed)
     draft = build_shared_head_draft(
         target, list(range(target.config.vocab_size)), layers=1, reads="features"
     ).eval()
+    with torch.no_grad():
+        draft.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
     return target, draft, TargetStates(target)
 
 
@@ -333,7 +345,31 @@ def test_no_feature_tree_for_two_rows_or_before_the_states_exist() -> None:
     with torch.inference_mode():
         states.show(torch.tensor(rows[:1]))
         assert drafter.propose_tree(context(rows), TreeShape()) is None
-        states.states = states.states[:, :0]  # the target has read nothing yet
+        states.counts = [0]  # the target has read nothing yet
         assert drafter.propose_tree(context(rows[:1]), TreeShape()) is None
     target = build_llama(0)
     assert ModelDrafter(target).propose_tree(context(rows[:1]), TreeShape()) is None
+
+
+def test_a_row_with_dead_columns_sees_only_its_own() -> None:
+    """A row left alone from a ragged batch keeps dead columns in the draft's cache (the
+    padding its reading skipped); its tree is the one the draft gives over that row alone."""
+    _, draft, states = feature_setup()
+    drafter = bound(draft, states)
+    long, short = [1, 5, 9, 13, 7, 22, 31, 4, 18], [3, 40, 12, 8, 27]
+    tokens = torch.tensor([long, [0] * 4 + short])
+    lefts = [0, 4]
+    shape = TreeShape(depth=3, nodes=8, top_k=3)
+    with torch.inference_mode():
+        states.show(tokens, lefts)
+        ctx = DraftContext(tokens, Padding(torch.tensor(lefts)), GREEDY, None, ragged=True)
+        drafter.propose(ctx, 2)
+        drafter.keep_rows([8, 4])
+        drafter.select_rows(torch.tensor([1]))
+        assert drafter._rows.alive is not None and not bool(drafter._rows.alive.all())
+        alone = torch.tensor([short])
+        states.show(alone)
+        tree = drafter.propose_tree(context([short]), shape)
+        assert tree is not None
+        check_limits(tree, shape)
+        assert paths(tree) == reference_tree(draft, states, alone, shape, GREEDY)[0]
