@@ -720,16 +720,23 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
         goto done;
     }
     size_t mask_stride = 0;
+    int per_query = 0;
     if (mk.held) {
-        if (mk.view.itemsize != 1 || mk.view.ndim != 2 || mk.view.shape[0] != (Py_ssize_t)batch ||
+        /* (batch, columns): a row for each batch row; (batch * m, columns): a row for each
+         * position (a token tree). With m == 1 the two are the same array. */
+        const Py_ssize_t mask_rows = mk.view.ndim == 2 ? mk.view.shape[0] : -1;
+        if (mk.view.itemsize != 1 || mk.view.ndim != 2 ||
+            (mask_rows != (Py_ssize_t)batch && mask_rows != (Py_ssize_t)rows) ||
             mk.view.shape[1] < past + (Py_ssize_t)m) {
             PyErr_Format(PyExc_ValueError,
-                         "mask must be a (batch, columns) array of bytes (uint8 or bool), "
-                         "batch %zu and columns >= past + m = %zu",
-                         batch, (size_t)past + m);
+                         "mask must be a 2-D array of bytes (uint8 or bool) of shape (batch, "
+                         "columns) = (%zu, >= past + m = %zu), or (batch * m, columns) = "
+                         "(%zu, >= %zu) for a row per query",
+                         batch, (size_t)past + m, rows, (size_t)past + m);
             goto done;
         }
         mask_stride = (size_t)mk.view.shape[1];
+        per_query = mask_rows == (Py_ssize_t)rows && m > 1;
     }
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 4; j++)
@@ -758,8 +765,8 @@ static PyObject *py_decoder_step(PyObject *self, PyObject *args, PyObject *kwarg
     Py_BEGIN_ALLOW_THREADS
     fs_decoder_step(d, (float *)h.view.buf, batch, m, (const float *)c.view.buf,
                     (const float *)s.view.buf, (float *)kv.view.buf, cap, (size_t)past,
-                    mk.held ? (const uint8_t *)mk.view.buf : NULL, mask_stride, scratch, &env,
-                    ctx.backend->step_isa);
+                    mk.held ? (const uint8_t *)mk.view.buf : NULL, mask_stride, per_query,
+                    scratch, &env, ctx.backend->step_isa);
     Py_END_ALLOW_THREADS
     if (pooled) atomic_flag_clear(&g_pool_busy);
     result = Py_None;
@@ -1069,8 +1076,11 @@ static PyMethodDef methods[] = {
      "Every layer of the plan for m new positions of each row, in place: hidden (batch * m, "
      "dim) float32 in and out; cos, sin (batch * m, head_dim); kv (layers, 2, kv_heads, "
      "capacity, head_dim) for one row or (layers, 2, batch, kv_heads, capacity, head_dim) "
-     "float32, columns past .. past + m - 1 written; mask: None or (batch, >= past + m) "
-     "bytes, nonzero where a key column is visible (quant_step.h)."},
+     "float32, columns past .. past + m - 1 written; mask: None, (batch, >= past + m) bytes "
+     "(a row for all of a batch row's positions) or (batch * m, >= past + m) bytes (a row "
+     "for each position, row j being batch row j // m's position j % m: a token tree), "
+     "nonzero where a key column is visible; position i still sees no column past past + i "
+     "(quant_step.h)."},
     {"formats", py_formats, METH_NOARGS,
      "formats()\n--\n\n{GGML type id: (name, block elements, block bytes)}."},
     {"backend", py_backend, METH_NOARGS, "backend()\n--\n\nThe backend in use."},

@@ -304,12 +304,20 @@ typedef struct {
     const fs_decoder *d;
     const float *q, *keys, *values; /* q [queries, qdim]; keys, values: the layer's planes */
     float *att, *scores;            /* att [queries, qdim]; scores: keys_per_part a part */
-    const uint8_t *mask;            /* [batch, mask_stride] visible key columns, or NULL */
+    const uint8_t *mask;            /* visible key columns, or NULL: see mask_row */
     const size_t *live;             /* query i is position live[i] of the batch * m */
     size_t queries, m, past, cap, keys_per_part, mask_stride;
+    int per_query;                  /* mask rows: one a position (1) or one a batch row (0) */
     score_fn score;
     group_fn group; /* NULL: head by head */
 } attn_job;
+
+/* The mask row position j (row j / m's position j % m) reads: its own in a per-query mask (a
+ * token tree's ancestors differ from query to query), else its batch row's. */
+INLINE const uint8_t *mask_row(const uint8_t *mask, size_t stride, int per_query, size_t j,
+                               size_t m) {
+    return mask == NULL ? NULL : mask + (per_query ? j : j / m) * stride;
+}
 
 /* Pairs dealt round robin: in a prefill, later positions see more keys, and each part gets
  * some of every length. With a group function the pairs are (query, kv head), its query heads
@@ -326,7 +334,7 @@ INLINE void attn_body(void *arg, size_t part, size_t parts) {
         for (size_t p = part; p < queries * d->kv_heads; p += parts) {
             size_t i = p / d->kv_heads, g = p % d->kv_heads, j = a->live[i], b = j / a->m;
             size_t n = a->past + j % a->m + 1;
-            const uint8_t *mask = a->mask ? a->mask + b * a->mask_stride : NULL;
+            const uint8_t *mask = mask_row(a->mask, a->mask_stride, a->per_query, j, a->m);
             const float *q = a->q + i * qdim + g * group * hd;
             size_t at = b * row_plane + g * a->cap * hd;
             const float *keys = a->keys + at, *values = a->values + at;
@@ -340,7 +348,7 @@ INLINE void attn_body(void *arg, size_t part, size_t parts) {
     }
     for (size_t p = part; p < queries * d->heads; p += parts) {
         size_t i = p / d->heads, h = p % d->heads, g = h / group, j = a->live[i], b = j / a->m;
-        const uint8_t *mask = a->mask ? a->mask + b * a->mask_stride : NULL;
+        const uint8_t *mask = mask_row(a->mask, a->mask_stride, a->per_query, j, a->m);
         size_t at = b * row_plane + g * a->cap * hd;
         attend(a->q + i * qdim + h * hd, a->keys + at, a->values + at, mask,
                a->past + j % a->m + 1, hd, d->scaling, scores, a->att + i * qdim + h * hd,
@@ -352,9 +360,9 @@ static void attn_baseline(void *arg, size_t part, size_t parts) { attn_body(arg,
 
 INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m,
                       const float *cos, const float *sin, float *kv, size_t cap, size_t past,
-                      const uint8_t *mask, size_t mask_stride, float *scratch,
-                      const fs_step_env *env, score_fn score, fs_part_fn attn_part,
-                      group_fn group_attend) {
+                      const uint8_t *mask, size_t mask_stride, int per_query,
+                      float *scratch, const fs_step_env *env, score_fn score,
+                      fs_part_fn attn_part, group_fn group_attend) {
     const size_t positions = batch * m;
     const fs_products_fn products = env->products;
     void *const ctx = env->ctx;
@@ -362,14 +370,16 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m
     const size_t qdim = d->heads * hd, kvdim = d->kv_heads * hd;
     const size_t row_plane = d->kv_heads * cap * hd; /* one row's keys (or values) */
     const size_t plane = batch * row_plane;           /* one layer's keys (or values) */
-    /* The live positions: those whose own column the mask shows. A dead one (padding, a
-     * draft a row did not make) is in no product and no attention; its hidden row is left
-     * as it came and its cache slots are zeroed (a forward that reads masked slots with
-     * additive masks must not meet garbage), so the products run over live rows only. */
+    /* The live positions: those whose own column their mask row shows (in a tree's
+     * per-query mask, the diagonal). A dead one (padding, a draft a row did not make) is in
+     * no product and no attention; its hidden row is left as it came and its cache slots are
+     * zeroed (a forward that reads masked slots with additive masks must not meet garbage),
+     * so the products run over live rows only. */
     size_t *live = (size_t *)(void *)scratch;
     size_t rows = 0;
     for (size_t j = 0; j < positions; j++)
-        if (mask == NULL || mask[(j / m) * mask_stride + past + j % m] != 0) live[rows++] = j;
+        if (mask == NULL || mask_row(mask, mask_stride, per_query, j, m)[past + j % m] != 0)
+            live[rows++] = j;
     float *x = scratch + positions * INDEX_FLOATS; /* [rows, dim] normed input of a block */
     float *q = x + rows * dim;                      /* [rows, qdim] */
     float *k = q + rows * qdim;                     /* [rows, kvdim] */
@@ -422,7 +432,7 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m
         }
         attn_job job = {d,    q,    keys, values, att, scores, mask,
                         live, rows, m,    past,   cap, (past + m) * group,
-                        mask_stride, score, group_attend};
+                        mask_stride, per_query, score, group_attend};
         env->parallel(ctx, attn_part, &job, attn_work);
         const fs_qweight *o[1] = {&L->o};
         products(ctx, 1, o, att, rows, &delta);
@@ -445,11 +455,12 @@ INLINE void step_body(const fs_decoder *d, float *hidden, size_t batch, size_t m
 #define STEP_ARGS                                                                          \
     const fs_decoder *d, float *hidden, size_t batch, size_t m, const float *cos,          \
         const float *sin, float *kv, size_t cap, size_t past, const uint8_t *mask,         \
-        size_t mask_stride, float *scratch, const fs_step_env *env
+        size_t mask_stride, int per_query, float *scratch, const fs_step_env *env
 #define STEP_CALL(score, attn, grouped)                                                    \
-    step_body(d, hidden, batch, m, cos, sin, kv, cap, past, mask, mask_stride, scratch, env, \
-              score, attn, grouped)
-#define STEP_PASS d, hidden, batch, m, cos, sin, kv, cap, past, mask, mask_stride, scratch, env
+    step_body(d, hidden, batch, m, cos, sin, kv, cap, past, mask, mask_stride, per_query,  \
+              scratch, env, score, attn, grouped)
+#define STEP_PASS                                                                          \
+    d, hidden, batch, m, cos, sin, kv, cap, past, mask, mask_stride, per_query, scratch, env
 
 static void step_baseline(STEP_ARGS) { STEP_CALL(scores_portable, attn_baseline, NULL); }
 

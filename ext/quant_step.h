@@ -17,9 +17,10 @@
  * The cache is one float32 array kv[layers][2][batch][kv_heads][cap][head_dim] (2: keys,
  * values); the step writes columns past .. past + m - 1 of every row and layer and reads
  * 0 .. past + m - 1. A row's position i (column past + i) sees its keys 0 .. past + i that its
- * mask row shows (all of them without a mask): the ragged layout of flashspec._layout, whose
- * dead columns (padding, rejected drafts) the mask hides. Positions are the caller's: the
- * rotary tables come per row and position.
+ * mask shows (all of them without a mask): the ragged layout of flashspec._layout, whose dead
+ * columns (padding, rejected drafts) the row's mask hides, or a token tree, whose mask has a
+ * row for each position (its ancestors). Positions are the caller's: the rotary tables come
+ * per row and position.
  * The products and the attention's parallel loop go through callbacks, so the glue
  * (ext/_quant.c) keeps the choice of backend and the thread pool. No Python here.
  */
@@ -84,17 +85,23 @@ size_t fs_decoder_scratch(const fs_decoder *d, size_t m, size_t keys, size_t par
  * hidden[batch, m, dim]: the embeddings in, the last layer's output out (before the final
  * norm). cos, sin[batch, m, head_dim]: the rotary tables of every row's m positions
  * (attention scaling included). kv: the cache above, cap columns per head; past + m <= cap.
- * mask[batch, mask_stride] (mask_stride >= past + m): nonzero where a key column is visible,
- * or NULL (every column of every row). A position whose own column the mask hides (a dead
- * one: padding, a draft its row did not make) is skipped: no product or attention reads it,
- * its hidden row is left as it came, and its cache slots are zeroed. A live query whose
- * columns are all hidden gets zeros from attention.
+ * mask (mask_stride >= past + m): nonzero where a key column is visible, or NULL (every
+ * column of every row). per_query 0: mask[batch, mask_stride], one row for all m positions of
+ * a batch row (the ragged layout's dead columns). per_query 1: mask[batch * m, mask_stride],
+ * a row for each position (row j is batch row j / m's position j % m): a token tree, each node
+ * seeing the committed columns and its ancestors'. Either way position i still sees no key
+ * past its own column past + i (a per-query mask can only hide more). A position whose own
+ * column its mask row hides (a dead one: padding, a draft its row did not make) is skipped:
+ * no product or attention reads it, its hidden row is left as it came, and its cache slots
+ * are zeroed (a per-query mask must hide a dead position's column from the other queries
+ * too, as a batch row's mask does by construction: a query that shows it reads those zeros).
+ * A live query whose columns are all hidden gets zeros from attention.
  * scratch: fs_decoder_scratch(d, batch * m, past + m, env->max_parts) floats.
  * isa: FS_STEP_*, an ISA the CPU has (and the OS saves the registers of).
  */
 void fs_decoder_step(const fs_decoder *d, float *hidden, size_t batch, size_t m,
                      const float *cos, const float *sin, float *kv, size_t cap, size_t past,
-                     const uint8_t *mask, size_t mask_stride, float *scratch,
+                     const uint8_t *mask, size_t mask_stride, int per_query, float *scratch,
                      const fs_step_env *env, int isa);
 
 #endif

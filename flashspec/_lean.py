@@ -109,10 +109,11 @@ def lean_forward(
         seen = cache.get_seq_length()
         position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]
     fused = self.__dict__.get("_flashspec_fused")
-    if fused is not None and (attention_mask is None or attention_mask.dim() == 2):
+    takes, keys = (False, None) if fused is None else _fused_mask(attention_mask, embeds, cache)
+    if takes:
         # Quantized layers (flashspec.quant.decoder): every layer in one C call, the rows of
-        # a batch together; a padding mask (the ragged layout's dead columns) goes with them.
-        keys = None if attention_mask is None or _all_attended(attention_mask) else attention_mask
+        # a batch together; a padding mask (the ragged layout's dead columns) or a token
+        # tree's per-query mask goes with them.
         hidden = embeds.clone(memory_format=torch.contiguous_format)  # written in place
         cos, sin = self.rotary_emb(hidden, position_ids=position_ids)
         if fused.step(cache, hidden, cos, sin, keys):
@@ -142,6 +143,38 @@ def lean_forward(
         x = _rms(layer.post_attention_layernorm, hidden)
         hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
     return t.result(last_hidden_state=self.norm(hidden), cache=cache)
+
+
+def _fused_mask(
+    mask: torch.Tensor | None, embeds: torch.Tensor, cache: Any
+) -> tuple[bool, torch.Tensor | None]:
+    """Whether the fused step can take ``mask``, and the mask it takes: None (every column
+    visible), a 2-D padding mask as it came, or a 4-D one (B or 1, 1, m, past + m) as
+    (B, m, past + m) visible bytes. transformers hands a 4-D mask to attention unchanged: an
+    additive float one (0 visible, the dtype's min or -inf hidden: a weight of exactly 0) or a
+    bool one (True visible); any other value (a finite bias) or shape is left to the module
+    path, which applies it as it is."""
+    if mask is None:
+        return True, None
+    if mask.dim() == 2:
+        return True, None if _all_attended(mask) else mask
+    batch, m = int(embeds.shape[0]), int(embeds.shape[1])
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, batch):
+        return False, None
+    # The kv length must be the cache's columns and the new ones: a mask over a longer or
+    # shorter window would name other columns than those the C step's rows index.
+    if mask.shape[2] != m or mask.shape[3] != int(cache.get_seq_length()) + m:
+        return False, None
+    rows = mask[:, 0]
+    if rows.dtype == torch.bool:
+        visible = rows
+    elif rows.is_floating_point():
+        visible = rows == 0
+        if not bool((visible | (rows <= torch.finfo(rows.dtype).min)).all()):
+            return False, None
+    else:
+        return False, None
+    return True, visible.expand(batch, m, -1)
 
 
 def _all_attended(mask: torch.Tensor) -> bool:

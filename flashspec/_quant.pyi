@@ -73,6 +73,10 @@ def decoder_step(
     ``hidden`` (batch * m, dim) float32 in and out; ``cos``/``sin`` (batch * m, head_dim);
     ``kv`` float32 (layers, 2, kv_heads, capacity, head_dim) for one row, or (layers, 2, batch,
     kv_heads, capacity, head_dim), with columns ``past`` .. ``past + m - 1`` written; ``mask``
-    None (every column visible) or (batch, >= past + m) bytes, nonzero where a key column is
-    visible to the row. ValueError or TypeError, naming the argument, on bad buffers.
+    None (every column visible), (batch, >= past + m) bytes (one row for all of a batch row's
+    positions), or (batch * m, >= past + m) bytes (a row for each position, row j being batch
+    row j // m's position j % m: a token tree's ancestors), nonzero where a key column is
+    visible. Position i never sees a column past ``past + i``, and one whose own column its
+    mask row hides is dead (skipped, its cache slots zeroed). ValueError or TypeError, naming
+    the argument, on bad buffers.
     """

@@ -9,7 +9,8 @@ positions with a rollback between them within 1e-4 of the largest; that the C st
 and keeps the cache in its store (views, no copy); a prompt longer than one C call; a cache
 that transformers' own forward replaced, copied back in; greedy identity with ``generate``
 and through the speculative engine; the models it must leave alone; bad arguments refused
-with errors that name them.
+with errors that name them; token trees (a 4-D mask, a mask row per query) equal to the
+module-by-module forward, each node equal to its path fed as a chain, on every backend.
 """
 
 from __future__ import annotations
@@ -595,3 +596,236 @@ def test_sampled_tokens_through_the_c_step_follow_the_dequantized_model(
     )
     assert float(p_first.max()) < 0.8 and int((p_first > 0).sum()) >= 3  # a real choice
     assert_first_two_follow(first, second, p_first, p_second)
+
+
+# ------------------------------------------------------------------ token-tree masks
+
+
+def tree_rows(parents: list[int], past: int, width: int) -> np.ndarray:
+    """(N, width) uint8: node i's visible columns, the ``past`` committed ones and its own and
+    its ancestors' (node j at column past + j); written here from the parents alone, sharing
+    no code with ``flashspec.trees``."""
+    rows = np.zeros((len(parents), width), np.uint8)
+    rows[:, :past] = 1
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            rows[i] = rows[parent]
+        rows[i, past + i] = 1
+    return rows
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def tree_path(parents: list[int], node: int) -> list[int]:
+    """The nodes from depth 1 down to ``node``."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
+def test_tree_masked_step_matches_float64_on_every_backend(
+    shape: tuple[int, ...], every_backend: list[str]
+) -> None:
+    """Three rows, each verifying a token tree of m nodes in one step with a mask row per
+    query ((batch * m, columns): node i sees the committed columns and its ancestors), against
+    the float64 decoder of each row alone; row 1 also has dead cached columns (NaN in their
+    slots) and a dead last node (its own column hidden, a smaller tree's padding: skipped, its
+    slots zeroed)."""
+    ck = _check_kernel()
+    dim, heads, kv_heads, hd, ffn, count = shape
+    rng = np.random.default_rng(13)
+    k = quant_ops.kernels()
+    layers, dense = ck.decoder_case(rng, 3, shape)
+    plan = k.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, ck.DECODER_EPS, hd**-0.5)
+    rows, past = 3, 6
+    trees = {
+        5: [[-1, 0, 0, 1, -1], [-1, -1, 1, 2, 0], [-1, 0, 1, 2, 3]],  # the last one a chain
+        9: [[-1, 0, 0, 1, 1, 2, -1, 6, 3], [-1, -1, -1, 0, 1, 2, 3, 4, 5], [-1] * 9],
+    }
+    for backend in every_backend:
+        k.set_backend(backend)
+        for m, parents in trees.items():
+            width = past + m + 3  # wider than needed: a stride
+            mask = np.stack([tree_rows(p, past, width) for p in parents])  # (rows, m, width)
+            mask[1, :, 1:past:2] = 0
+            mask[1, m - 1, past + m - 1] = 0  # row 1's last node (a leaf) dead: padding
+            kv = (0.5 * rng.standard_normal((count, 2, rows, kv_heads, 24, hd))).astype(np.float32)
+            kv[:, :, 1, :, 1:past:2] = np.nan
+            hidden = rng.standard_normal((rows * m, dim)).astype(np.float32)
+            angles = rng.uniform(0.0, 6.0, (rows * m, hd)).astype(np.float32)
+            cos, sin = np.cos(angles), np.sin(angles)
+            want_h, want_kv = ck.decoder_reference(
+                dense, hidden, cos, sin, kv, past, heads, ck.DECODER_EPS, hd**-0.5, mask
+            )
+            got_h, got_kv = hidden.copy(), kv.copy()
+            k.decoder_step(plan, got_h, cos, sin, got_kv, past, mask.reshape(rows * m, width))
+            where = f"{backend} m={m}"
+            assert np.isfinite(got_h).all(), where
+            assert np.abs(got_h - want_h).max() <= 1e-4 * np.abs(want_h).max(), where
+            written = np.s_[:, :, :, :, past : past + m]
+            assert np.abs(got_kv[written] - want_kv[written]).max() <= 1e-4, where
+            assert not got_kv[:, :, 1, :, past + m - 1].any(), where  # the dead node's slots
+
+
+def test_step_refuses_a_per_query_mask_that_does_not_fit() -> None:
+    k = quant_ops.kernels()
+    plan, _ = tiny_plan()
+    hidden = np.zeros((4, 32), dtype=np.float32)  # 2 rows of 2 positions
+    rope = np.zeros((4, 16), dtype=np.float32)
+    kv = np.zeros((1, 2, 2, 1, 8, 16), dtype=np.float32)
+    for bad in (
+        np.ones((4, 4), dtype=np.uint8),  # a row a query, narrower than past + m
+        np.ones((5, 8), dtype=np.uint8),  # neither batch nor batch * m rows
+        np.ones((2, 2, 8), dtype=np.uint8),  # (batch, m, columns): the rows must be flat
+        np.ones((4, 8), dtype=np.int32),  # not bytes
+    ):
+        with pytest.raises(ValueError, match=r"mask must .* \(batch \* m, columns\) = \(4, >= 5\)"):
+            k.decoder_step(plan, hidden, rope, rope, kv, 3, bad)
+    k.decoder_step(plan, hidden, rope, rope, kv, 3, np.ones((4, 5), dtype=np.uint8))
+
+
+TREE = [-1, 0, 0, 1, -1]  # two roots; node 0 has two children, node 1 one
+
+
+def tree_call(
+    model: Any, cache: Any, tokens: torch.Tensor, parents: list[list[int]], past: int, kind: str
+) -> torch.Tensor:
+    """One forward of a batch of trees (row b: ``tokens[b]`` with ``parents[b]``) after ``past``
+    cached positions, the 4-D mask the eager transformers path takes (``kind``: "additive",
+    0 / the float32 min, or "bool") with positions by depth; the logits (B, N, V)."""
+    from flashspec._compat import ForwardSignature
+
+    n = int(tokens.shape[1])
+    visible = torch.from_numpy(np.stack([tree_rows(p, past, past + n) for p in parents]) != 0)
+    mask: torch.Tensor = visible[:, None]
+    if kind == "additive":
+        hidden = torch.full(mask.shape, torch.finfo(torch.float32).min)
+        mask = torch.where(mask, torch.zeros(()), hidden)
+    positions = torch.tensor([[past - 1 + d for d in tree_depths(p)] for p in parents])
+    arg = ForwardSignature.of(model).cache_arg
+    with torch.inference_mode():
+        out = model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                    use_cache=True, **{arg: cache})  # fmt: skip
+    logits: torch.Tensor = out.logits
+    return logits
+
+
+def chain_call(model: Any, cache: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """A plain causal forward of ``tokens`` (B, n) after what ``cache`` holds: no mask, the
+    positions following the cache's; the logits (B, n, V)."""
+    from flashspec._compat import ForwardSignature
+
+    arg = ForwardSignature.of(model).cache_arg
+    with torch.inference_mode():
+        logits: torch.Tensor = model(input_ids=tokens, use_cache=True, **{arg: cache}).logits
+    return logits
+
+
+def prefilled(model: Any, prompts: torch.Tensor) -> Any:
+    """A fresh cache holding ``prompts`` (B, P)."""
+    from flashspec._compat import new_cache
+
+    cache = new_cache(model)
+    chain_call(model, cache, prompts)
+    return cache
+
+
+@pytest.mark.parametrize("kind", ["additive", "bool"])
+def test_tree_forward_in_the_c_step_equals_the_module_path(
+    kind: str, files: Any, counting: Counting
+) -> None:
+    """Two rows' trees (different shapes) in one forward with a 4-D mask: the C step (one
+    call, a mask row per query) and transformers' module-by-module forward with the same mask
+    give the same logits and the same cached keys and values."""
+    from flashspec._lean import make_lean
+
+    loaded = files(VARIANTS[1])
+    model, _ = loaded.quantized()
+    make_lean(model)
+    vocab = loaded.reference.config.vocab_size
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.randint(0, vocab, (2, 9), generator=generator)
+    tokens = torch.randint(0, vocab, (2, len(TREE)), generator=generator)
+    parents = [TREE, [-1, -1, 1, 2, 0]]
+    got_cache = prefilled(model, prompts)
+    before = counting.steps
+    got = tree_call(model, got_cache, tokens, parents, 9, kind)
+    assert counting.steps == before + 1  # the tree took the C step
+    want_cache = prefilled(model, prompts)
+    with hf_forward(model):
+        want = tree_call(model, want_cache, tokens, parents, 9, kind)
+    assert counting.steps == before + 2  # the second prefill only
+    assert max_relative(got, want) <= RELATIVE
+    for mine, theirs in zip(got_cache.layers, want_cache.layers, strict=True):
+        for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
+            assert a.shape == b.shape == (2, 2, 9 + len(TREE), 16)
+            assert max_relative(a, b) <= RELATIVE
+
+
+@pytest.mark.parametrize("variant", VARIANTS[1:3], ids=lambda v: v.name)
+def test_each_tree_node_equals_its_path_fed_as_a_chain_on_every_backend(
+    variant: Variant, files: Any, counting: Counting, every_backend: list[str]
+) -> None:
+    """Node i's logits from one tree forward after a cached prompt equal those of the prompt
+    followed by node i's path as a plain chain, fed in a fresh cache (the C step, no mask),
+    and those of the dequantized model over the whole sequence: a node sees exactly its
+    ancestors, at positions by depth. On every backend."""
+    from flashspec._lean import make_lean
+
+    loaded = files(variant)
+    model, _ = loaded.quantized()
+    make_lean(model)
+    vocab = loaded.reference.config.vocab_size
+    generator = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, vocab, (1, 9), generator=generator)
+    tokens = torch.randint(0, vocab, (1, len(TREE)), generator=generator)
+    for backend in every_backend:
+        quant_ops.kernels().set_backend(backend)
+        before = counting.steps
+        tree = tree_call(model, prefilled(model, prompt), tokens, [TREE], 9, "additive")[0]
+        assert counting.steps == before + 2, backend  # prefill and tree, both in C
+        for node in range(len(TREE)):
+            path = tokens[:, tree_path(TREE, node)]
+            chain = chain_call(model, prefilled(model, prompt), path)[0, -1]
+            ids = torch.cat([prompt, path], 1)[0].tolist()
+            where = f"{backend} node {node}"
+            assert max_relative(tree[node], chain) <= RELATIVE, where
+            want = reference_logits(loaded.reference, ids, 1)[0, -1]
+            assert max_relative(tree[node], want) <= RELATIVE, where
+
+
+def test_a_tree_mask_the_c_step_cannot_take_goes_module_by_module(
+    files: Any, counting: Counting
+) -> None:
+    """A 4-D mask whose key length is not the cache's plus the new positions, or with a finite
+    bias (a partial weight, not hidden), is left to the module path; a mask of one row for the
+    batch is the same for every row."""
+    from flashspec._lean import _fused_mask
+
+    loaded = files(VARIANTS[0])
+    model, _ = loaded.quantized()
+    cache = prefilled(model, torch.zeros((2, 4), dtype=torch.int64))
+    embeds = torch.zeros((2, 3, 64))
+    visible = torch.ones((1, 1, 3, 7), dtype=torch.bool).tril(4)
+    takes, rows = _fused_mask(visible, embeds, cache)
+    assert takes and rows is not None and rows.shape == (2, 3, 7)
+    assert torch.equal(rows[1], visible[0, 0])
+    for bad in (visible[..., :6], torch.ones((2, 1, 3, 8), dtype=torch.bool),
+                torch.ones((2, 2, 3, 7), dtype=torch.bool), torch.full((2, 1, 3, 7), -1.0),
+                torch.ones((2, 1, 3, 7), dtype=torch.int64)):  # fmt: skip
+        assert _fused_mask(bad, embeds, cache) == (False, None)
+    fused = decoder.fused_of(inner(model))
+    assert fused is not None
+    before = counting.steps
+    hidden = torch.zeros((2, 3, 64))
+    rope = torch.ones((1, 3, 16))
+    assert not fused.step(cache, hidden, rope, rope, torch.ones((2, 3, 8), dtype=torch.bool))
+    assert counting.steps == before

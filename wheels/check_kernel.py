@@ -229,12 +229,14 @@ def decoder_reference(
 ) -> tuple[F64, F64]:
     """A Llama decoder step of one row in float64 (the contract of ext/quant_step.h): the
     hidden states after every layer and the cache with positions past .. past + m - 1
-    written. ``mask``: None, or the row's visible key columns (nonzero: visible); a query that
-    sees none gets zeros from attention, and a position whose own column is hidden (a dead one)
-    keeps its input row and gets zeros in the cache.
+    written. ``mask``: None, the row's visible key columns (nonzero: visible), or (m, columns)
+    those of each position (a token tree's); a query that sees none gets zeros from attention,
+    and a position whose own column is hidden (a dead one) keeps its input row and gets zeros
+    in the cache.
 
     A batch, kv (layers, 2, B, kv_heads, cap, head_dim) with hidden (B * m, dim), cos/sin
-    (B * m, head_dim) and mask None or (B, >= past + m), is each row's step on its own."""
+    (B * m, head_dim) and mask None, (B, >= past + m) or (B, m, >= past + m), is each row's
+    step on its own."""
     if kv.ndim == 6:
         rows = kv.shape[2]
         n = hidden.shape[0] // rows
@@ -253,6 +255,8 @@ def decoder_reference(
     m, hd = cos.shape
     kv_heads = cache.shape[2]
     c, s = cos.astype(np.float64)[:, None], sin.astype(np.float64)[:, None]
+    # One mask row per position: the row's own repeated, or the position's.
+    rows = None if mask is None else np.broadcast_to(np.asarray(mask), (m, np.shape(mask)[-1]))
 
     def rms(x: F64, w: F64) -> F64:
         return w * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
@@ -275,8 +279,8 @@ def decoder_reference(
             for head in range(heads):
                 group = head // (heads // kv_heads)
                 seen = np.arange(past + i + 1)
-                if mask is not None:
-                    seen = seen[np.asarray(mask)[: past + i + 1] != 0]
+                if rows is not None:
+                    seen = seen[rows[i, : past + i + 1] != 0]
                 if seen.size == 0:
                     out[i, head] = 0.0
                     continue
@@ -289,8 +293,8 @@ def decoder_reference(
         x = rms(h, w["post_norm"])
         gate, up = x @ w["gate"].T, x @ w["up"].T
         h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w["down"].T
-    if mask is not None:
-        dead = np.flatnonzero(np.asarray(mask)[past : past + m] == 0)
+    if rows is not None:
+        dead = np.flatnonzero(rows[np.arange(m), past + np.arange(m)] == 0)
         h[dead] = hidden[dead]
         cache[:, :, :, past + dead] = 0.0
     return h, cache
@@ -310,6 +314,22 @@ def batch_mask(rows: int, width: int, past: int) -> Any:
     return mask
 
 
+def tree_mask(rows: int, width: int, past: int) -> Any:
+    """A (rows, 4, width) per-query mask of token trees of 4 nodes after ``past`` columns:
+    node i sees the committed columns, its ancestors and itself; row 0 a chain, row 1 two
+    roots with a child each, the last row (from 3 rows) one root with three children."""
+    trees = [[-1, 0, 1, 2], [-1, -1, 0, 1], [-1, 0, 0, 0]]
+    mask = np.zeros((rows, 4, width), dtype=np.uint8)
+    mask[:, :, :past] = 1
+    for r in range(rows):
+        parents = trees[0] if r == 0 else trees[1] if r < rows - 1 else trees[2]
+        for i, parent in enumerate(parents):
+            if parent >= 0:
+                mask[r, i] = mask[r, parent]
+            mask[r, i, past + i] = 1
+    return mask
+
+
 def check_step(
     ck: Checker,
     Q: ModuleType,
@@ -323,7 +343,8 @@ def check_step(
 ) -> None:
     """One ``decoder_step`` of ``m`` positions after ``past`` cached ones on random inputs,
     against the float64 reference: one row when ``mask`` is None, else a batch of
-    ``mask.shape[0]`` rows stepping with that mask. ``what`` names the check in its message."""
+    ``mask.shape[0]`` rows stepping with that mask ((rows, columns), or (rows, m, columns): a
+    row per position). ``what`` names the check in its message."""
     dim, heads, kv_heads, hd, _, count = DECODER_SHAPE
     scaling = hd**-0.5
     batch = () if mask is None else (mask.shape[0],)
@@ -336,7 +357,9 @@ def check_step(
         dense, hidden, cos, sin, kv, past, heads, DECODER_EPS, scaling, mask
     )
     got_h, got_kv = hidden.copy(), kv.copy()
-    Q.decoder_step(plan, got_h, cos, sin, got_kv, past, *(() if mask is None else (mask,)))
+    # A per-query mask (rows, m, columns) goes to the C step flat, a row per position.
+    flat = () if mask is None else (mask.reshape(-1, mask.shape[-1]),)
+    Q.decoder_step(plan, got_h, cos, sin, got_kv, past, *flat)
     err_h = float(np.abs(got_h - want_h).max() / np.abs(want_h).max())
     err_kv = float(np.abs(got_kv - want_kv).max() / np.abs(want_kv).max())
     ck.check(
@@ -348,7 +371,8 @@ def check_step(
 def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generator) -> None:
     """``decoder_step`` of backend ``name`` against ``decoder_reference``: a step of 1 and of 7
     positions after 5 cached ones, then a batch of 3 rows with dead columns (``batch_mask``)
-    stepping 1 and 4 positions, Q8_0 and Q4_1 layers."""
+    stepping 1 and 4 positions and one verifying token trees (``tree_mask``), Q8_0 and Q4_1
+    layers."""
     dim, heads, kv_heads, hd, ffn, _ = DECODER_SHAPE
     for qtype in (8, 3):
         layers, dense = decoder_case(rng, qtype)
@@ -360,6 +384,8 @@ def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generato
             rows, past = 3, 5
             mask = batch_mask(rows, past + m, past)
             check_step(ck, Q, plan, dense, rng, m, past, f"{what} batch {rows} m={m} masked", mask)
+        mask = tree_mask(3, 5 + 4, 5)
+        check_step(ck, Q, plan, dense, rng, 4, 5, f"{what} batch 3 trees of 4", mask)
 
 
 def ref_dist(p: F32, q: F32) -> F64:

@@ -8,16 +8,19 @@ transformers' order, only float32 sums in another order (logits agree to roundin
 kernel backends; greedy output follows the tie rule of ``flashspec._greedy``).
 
 The lean forward (``flashspec._lean``) takes it for the calls it fits: a ``DynamicCache`` of
-plain ``DynamicLayer``s and no mask or a 2-D one over the cache's columns and the new ones (a
-prompt's prefill included: its products read the blocks in passes of 16 rows, which measured
-faster here than dequantizing the weights for the BLAS). A batch's rows share every product
-(the weights are read once for all of them), and the mask hides each row's dead columns (its
-padding and rejected drafts, ``flashspec._layout``) from its attention. Keys and values then
-live in one preallocated buffer per cache (``_KVStore``) and each layer's ``keys``/``values``
-are prefix views of it, so a step writes its new positions in place instead of copying the
-whole cache, and a rollback (``crop``: a shorter view) needs no copy either. Anything that
-replaced the views (a batch's compaction or change of rows, another path's ``torch.cat``) is
-noticed by pointer and copied back in before the next fused step.
+plain ``DynamicLayer``s and no mask, a 2-D one over the cache's columns and the new ones, or a
+token tree's 4-D one over the same columns (any number of new positions: a prompt's prefill
+included, its products read the blocks in passes of 16 rows, which measured faster here than
+dequantizing the weights for the BLAS). A batch's rows share every product (the weights are
+read once for all of them), and the 2-D mask hides each row's dead columns (its padding and
+rejected drafts, ``flashspec._layout``) from its attention; a tree's mask (B, 1, m, past + m)
+comes as a row per query instead, each node seeing the committed columns and its ancestors
+only. Keys and values then live in one preallocated buffer per cache (``_KVStore``) and each
+layer's ``keys``/``values`` are prefix views of it, so a step writes its new positions in
+place instead of copying the whole cache, and a rollback (``crop``: a shorter view) needs no
+copy either. Anything that replaced the views (a batch's compaction or change of rows,
+another path's ``torch.cat``) is noticed by pointer and copied back in before the next fused
+step.
 
 Set ``FLASHSPEC_QUANT_DECODER=0`` to keep the per-operation forward.
 """
@@ -121,18 +124,24 @@ class FusedDecoder:
     ) -> bool:
         """Run every layer over ``hidden`` (B, m, dim), contiguous, in place, with the rotary
         tables ``cos``/``sin`` (B or 1, m, head_dim), appending to ``cache``. ``mask``: None
-        (every column visible to every row) or (B, past + m), nonzero where a row sees a
-        column. False, touching nothing the caller reads, when the cache or mask is not one
-        this path takes (the caller then runs the layers itself)."""
+        (every column visible to every row), (B, past + m) (one row for all of a batch row's
+        positions) or (B, m, past + m) (a row for each position: a token tree, each node
+        seeing the committed columns and its ancestors), nonzero where a position sees a
+        column; position i never sees a column past ``past + i`` either way. False, touching
+        nothing the caller reads, when the cache or mask is not one this path takes (the
+        caller then runs the layers itself)."""
         batch, m = int(hidden.shape[0]), int(hidden.shape[1])
+        if mask is not None and mask.dim() not in (2, 3):
+            return False
         past = self._bind(cache, batch, m)
         if past is None:
             return False
-        keys_mask = None
+        keys_mask: torch.Tensor | None = None
         if mask is not None:
-            if tuple(mask.shape) != (batch, past + m):
+            want = (batch, past + m) if mask.dim() == 2 else (batch, m, past + m)
+            if tuple(mask.shape) != want:
                 return False
-            keys_mask = mask.to(torch.uint8).contiguous().numpy()
+            keys_mask = mask.to(torch.uint8).contiguous()
         store: _KVStore = cache.__dict__[_STORE_ATTR]
         shape = (batch, m, self.head_dim)
         cos = cos.expand(shape).contiguous()
@@ -150,7 +159,7 @@ class FusedDecoder:
             rows = batch * (stop - start)
             step(self.plan, part.view(rows, self.dim).numpy(),
                  c.view(rows, self.head_dim).numpy(), s.view(rows, self.head_dim).numpy(),
-                 store.array, past + start, keys_mask)  # fmt: skip
+                 store.array, past + start, _mask_rows(keys_mask, start, stop))  # fmt: skip
             if part is not hidden:
                 hidden[:, start:stop] = part
         views = store.buf[:, :, :, : past + m].unbind(0)
@@ -213,6 +222,19 @@ class FusedDecoder:
             store.buf[2 * index + 1, :, :, :past].copy_(values)
         cache.__dict__[_STORE_ATTR] = store
         return past
+
+
+def _mask_rows(mask: torch.Tensor | None, start: int, stop: int) -> Any:
+    """The C step's mask for positions ``start`` .. ``stop - 1``: a batch mask (B, columns) as
+    it is (the piece's queries see the same row); a per-query one (B, m, columns) cut to the
+    piece's queries, (B * (stop - start), columns), row j being position j % (stop - start)
+    of batch row j // (stop - start), as ``decoder_step`` reads it."""
+    if mask is None:
+        return None
+    if mask.dim() == 2:
+        return mask.numpy()
+    piece = mask[:, start:stop]
+    return piece.reshape(-1, mask.shape[-1]).contiguous().numpy()
 
 
 def _reads(layers: list[Any], flat: torch.Tensor) -> bool:
