@@ -809,8 +809,10 @@ def smollm2_section(
 
 DRAFT_METHODS = (
     "hf_greedy", "hf_greedy_bf16", "hf_sample", "hf_sample_bf16",
-    "fs_draft", "fs_default", "fs_lookup", "fs_sample",
-    "fs_draft_bf16", "fs_default_bf16", "fs_lookup_bf16", "fs_sample_bf16",
+    "fs_draft", "fs_draft_tree", "fs_default", "fs_tree", "fs_lookup", "fs_sample",
+    "fs_tree_sample",
+    "fs_draft_bf16", "fs_draft_tree_bf16", "fs_default_bf16", "fs_tree_bf16", "fs_lookup_bf16",
+    "fs_sample_bf16", "fs_tree_sample_bf16",
     "llamacpp",
 )  # fmt: skip
 
@@ -838,6 +840,14 @@ def smollm2_draft_section(data: dict[str, Any]) -> str:
         "tokens against HF greedy of the same dtype (a tie within the dtype's rounding counts "
         "as equal). " + " ".join(f"{k}: {v}." for k, v in s.get("notes", {}).items()),
     ]
+    tree = s.get("tree")
+    if tree:
+        lines[0] += (
+            f" Rows with `tree` verify a token tree a round (`--tree {tree['depth']},"
+            f"{tree['nodes']},{tree['top_k']}`: up to {tree['depth']} levels, {tree['nodes']} "
+            f"nodes, {tree['top_k']} children a node; flashspec.trees); their acceptance is "
+            "accepted tokens over tree nodes verified."
+        )
     for workload, rows in data["summary"].items():
         lines += [
             "",

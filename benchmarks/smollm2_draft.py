@@ -46,6 +46,7 @@ ratios, acceptance, tokens per round and identity counts. Not a test: numbers de
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -64,6 +65,7 @@ from flashspec.loading import bundled_draft
 from flashspec.models import ForwardSignature, crop_cache, new_cache, untuned
 from flashspec.options import EngineOptions
 from flashspec.shared_head import feature_hidden
+from flashspec.trees import TreeShape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHAT_PROMPTS = (
@@ -90,7 +92,9 @@ def requests(humaneval: int, chat: int) -> list[ChatRequest]:
 class Methods:
     """The engines and HF models of a run; ``run(method, ids, n)`` times one generation."""
 
-    def __init__(self, gamma: int, dtypes: tuple[str, ...]) -> None:
+    def __init__(
+        self, gamma: int, dtypes: tuple[str, ...], tree: TreeShape | None = None
+    ) -> None:
         self.engines: dict[str, Any] = {}
         self.models: dict[str, Any] = {}
         self.flags: dict[str, str] = {}
@@ -108,6 +112,16 @@ class Methods:
                 "fs_sample": (EngineOptions(target="smollm2", dtype=dtype, seed=0, **SAMPLING),
                               f"{base} --temperature 0.7 --top-p 0.95"),
             }  # fmt: skip
+            if tree is not None:
+                shape = f" --tree {tree.depth},{tree.nodes},{tree.top_k}"
+                builds["fs_draft_tree"] = (EngineOptions(target="smollm2", drafter="model",
+                                           gamma=gamma, dtype=dtype, tree=tree),
+                                           f"{base} --drafter model --gamma {gamma}{shape}")
+                builds["fs_tree"] = (EngineOptions(target="smollm2", dtype=dtype, tree=tree),
+                                     base + shape)
+                builds["fs_tree_sample"] = (EngineOptions(target="smollm2", dtype=dtype, seed=0,
+                                            tree=tree, **SAMPLING),
+                                            f"{base} --temperature 0.7 --top-p 0.95{shape}")
             for name, (options, flag) in builds.items():
                 self.engines[name + suffix] = options.build()
                 self.flags[name + suffix] = flag + dflag
@@ -326,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--no-bf16", action="store_true", help="float32 only")
+    parser.add_argument("--tree", type=TreeShape.parse, default=None, metavar="DEPTH,NODES,TOP_K",
+                        help="also run the engines with token trees of this shape "
+                        "(fs_draft_tree, fs_tree, fs_tree_sample)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a smoke run (no llama.cpp)")
     parser.add_argument("--out", type=Path, default=RESULTS / "smollm2-draft.json")
     args = parser.parse_args(argv)
@@ -335,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     began = time.perf_counter()
     machine = machine_info()  # the load average at the start (write_json adds the end's)
-    methods = Methods(args.gamma, ("float32",) if args.no_bf16 else ("float32", "bfloat16"))
+    dtypes = ("float32",) if args.no_bf16 else ("float32", "bfloat16")
+    methods = Methods(args.gamma, dtypes, args.tree)
     if not args.quick:
         methods.setup_llamacpp()
     chosen = requests(args.humaneval, args.chat)
@@ -363,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "max_new_tokens": args.max_new_tokens,
             "gamma": args.gamma,
+            "tree": None if args.tree is None else dataclasses.asdict(args.tree),
             "sampling": SAMPLING,
             "engines": methods.flags,
             "speedup": "median over prompts of the tokens/s ratio to the baseline (HF of the "

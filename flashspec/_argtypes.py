@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trees.tree import TreeShape
 
 
 def integer(text: str) -> int:
@@ -46,6 +50,16 @@ def int_list(text: str) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"must be integers >= 1, got {text!r}")
     return values
+
+
+def tree_shape(text: str) -> TreeShape | None:
+    """``DEPTH,NODES,TOP_K`` (e.g. ``5,24,4``), or ``off``: a token tree's shape."""
+    from .trees.tree import TreeShape
+
+    try:
+        return TreeShape.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def finite_float(text: str) -> float:

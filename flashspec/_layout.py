@@ -232,6 +232,21 @@ def _take(x: torch.Tensor, flat: torch.Tensor, rows: int, width: int) -> torch.T
     return taken.transpose(1, 2).contiguous()
 
 
+def move_columns(cache: Any, sources: Sequence[int], start: int) -> None:
+    """Every layer's columns ``sources`` (ascending, none before ``start``) are copied, in
+    order, to the columns from ``start`` on (a token tree's accepted path moved next to the
+    committed columns; the columns after them are then cropped)."""
+    if list(sources) == list(range(start, start + len(sources))):
+        return
+    for layer in cache.layers:
+        if _filled(layer):
+            index = torch.tensor(list(sources), device=layer.keys.device)
+            end = start + len(sources)
+            # index_select copies first, so overlapping source and target columns are safe.
+            layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
+            layer.values[:, :, start:end] = layer.values.index_select(2, index)
+
+
 def pad_columns(cache: Any, count: int) -> None:
     """Put ``count`` columns (zeros, dead in every row) before the first of every layer."""
     if count <= 0:

@@ -15,6 +15,7 @@ import torch
 
 from ._validate import is_int
 from .legacy import EarlierField
+from .trees.tree import TreeShape
 
 Method = Literal["auto", "rejection", "greedy", "typical"]
 ResidualBackend = Literal["auto", "native", "torch"]
@@ -368,6 +369,11 @@ class FlashSpecConfig:
             ``True`` turns it on (an error if a model cannot take it), ``False`` off,
             ``"auto"`` (the default) on where it pays: on CUDA, and on a CPU in the server,
             where the first call's compile is paid once. The engine logs which and why.
+        tree: verify a token tree instead of a chain of drafts (``flashspec.trees``): up to
+            ``depth`` levels (and no more than the round's gamma), ``nodes`` nodes, ``top_k``
+            children a node, from drafters that propose trees (prompt lookup, the feature
+            draft). Rounds of one row on the eager path, with greedy or rejection sampling and
+            no penalties or grammar; other rounds keep chains. None (the default): chains.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -379,6 +385,7 @@ class FlashSpecConfig:
     max_new_tokens: int | None = None
     batching: Batching = "ragged"
     compile: bool | Literal["auto"] = "auto"
+    tree: TreeShape | None = None
 
     def __post_init__(self) -> None:
         if self.compile not in (True, False, "auto") or not isinstance(self.compile, (bool, str)):
@@ -408,6 +415,11 @@ class FlashSpecConfig:
         if not isinstance(self.bandit, BanditConfig):
             raise TypeError(
                 f"FlashSpecConfig.bandit must be a BanditConfig, got {type(self.bandit).__name__}"
+            )
+        if self.tree is not None and not isinstance(self.tree, TreeShape):
+            raise TypeError(
+                "FlashSpecConfig.tree must be None or a TreeShape(depth, nodes, top_k), "
+                f"got {type(self.tree).__name__}"
             )
         try:
             torch.device(self.device)

@@ -33,6 +33,7 @@ from ._layout import (
     append_zero_rows,
     column_window,
     gather_columns,
+    move_columns,
     pad_columns,
     shiftable,
 )
@@ -69,6 +70,7 @@ from .loading.pretrained import DEMO_NAMES as DEMO_NAMES
 from .loading.pretrained import load_pretrained as load_pretrained
 from .loading.pretrained import resolve_model_path as resolve_model_path
 from .profiling import span
+from .trees.tree import TokenTree
 
 
 class Padding:
@@ -237,6 +239,7 @@ class CausalLM:
         self.compiled: CompiledForward | None = None
         self._statics: dict[int, Any] = {}  # static caches by capacity, kept across generations
         self._static = False  # this generation's cache is one of them
+        self._tree_nodes: tuple[int, int] | None = None  # a tree's (first column, nodes)
 
     # The compiled path (``flashspec.compiled``).
 
@@ -391,6 +394,71 @@ class CausalLM:
         self.cached = rows.width
         logits: torch.Tensor = output.logits
         return logits[:, -keep:]
+
+    def feed_tree(self, tokens: torch.Tensor, padding: Padding, tree: TokenTree) -> torch.Tensor:
+        """Feed the one row's committed tokens the cache lacks, then ``tree``'s nodes in one
+        forward (positions by depth; each node sees the committed columns and its ancestors);
+        return (1, N + 1, V) logits: entry 0 after the newest committed token, entry i + 1
+        after node i. ``keep_path`` then keeps the accepted nodes' columns. Needs the ragged
+        layout (``shiftable``) and a batch of one."""
+        rows = self.rows
+        if rows is None or tokens.shape[0] != 1:
+            raise RuntimeError(f"{self.name}: a token tree needs a shiftable model, one row")
+        self._leave_static()
+        device = tokens.device
+        if rows.alive is None:
+            rows.start(1, device)
+        assert rows.alive is not None
+        if rows.width == 0:
+            self.cache = new_cache(self.model)
+        pending = tokens.shape[1] - padding.lefts[0] - rows.lengths[0]  # >= 1: the newest
+        n = tree.size
+        ids = torch.cat([tokens[:, tokens.shape[1] - pending :], tree.tokens.view(1, n)], dim=1)
+        count = pending + n
+        depths = torch.tensor(tree.depths, dtype=torch.int64)
+        positions = torch.cat([torch.arange(pending), pending - 1 + depths]) + rows.lengths[0]
+        positions = positions.to(device).view(1, count)
+        if self.max_context is not None:
+            positions = positions.clamp_max(self.max_context - 1)
+        # (count, width + count): a committed column is seen where the row has it, the new
+        # pending tokens causally, a node sees every pending token and its own ancestors.
+        seen = torch.zeros((count, rows.width + count), dtype=torch.bool, device=device)
+        seen[:, : rows.width] = rows.alive[0]
+        block = seen[:, rows.width :]
+        block[:pending, :pending] = torch.ones((pending, pending), dtype=torch.bool).tril()
+        block[pending:, :pending] = True
+        block[pending:, pending:] = tree.ancestor_mask(device)
+        dtype = _activation_dtype(self.model)
+        mask = torch.zeros(seen.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~seen, torch.finfo(dtype).min)
+        kwargs: dict[str, Any] = {
+            self.signature.cache_arg: self.cache,
+            "use_cache": True,
+            "position_ids": positions,
+            "attention_mask": mask.view(1, 1, *seen.shape),
+        }
+        if self.signature.logits_to_keep:
+            kwargs["logits_to_keep"] = n + 1
+        with self._span:
+            output = self.model(input_ids=ids, **kwargs)
+        rows.append(torch.ones((1, count), dtype=torch.bool, device=device), [count])
+        self.cached = rows.width
+        self._tree_nodes = (rows.width - n, n)
+        logits: torch.Tensor = output.logits
+        return logits[:, -(n + 1) :]
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After ``feed_tree``: the row keeps the columns of the nodes ``path`` (depth 1
+        first), moved next to its committed columns; the other nodes' columns are cut."""
+        rows = self.rows
+        assert rows is not None and rows.alive is not None and self._tree_nodes is not None
+        start, n = self._tree_nodes
+        self._tree_nodes = None
+        move_columns(self.cache, [start + i for i in path], start)
+        end = start + len(path)
+        rows.alive[0, end:] = False
+        rows.lengths = [rows.lengths[0] - n + len(path)]
+        self._crop_rows(rows.width - end)
 
     def forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
         """Feed the columns after ``cached``; return the last ``keep`` logits, (B, keep, V).
@@ -602,6 +670,7 @@ class TargetModel(CausalLM):
         self._feature_buffer: torch.Tensor | None = None
         self._feature_columns = 0  # column-aligned: columns written
         self._feature_lengths: list[int] = []  # by row: states written per row
+        self._tree_hidden: tuple[torch.Tensor, int] | None = None  # verify_tree's, pending
 
     def reset(self) -> None:
         """Start a new generation: empty cache (and no hidden states kept)."""
@@ -679,6 +748,37 @@ class TargetModel(CausalLM):
         logits = self._verify(tokens, drafts, padding, tails)
         self._keep_row_features(counts, held, g, tails)
         return logits
+
+    def verify_tree(self, tokens: torch.Tensor, padding: Padding, tree: TokenTree) -> torch.Tensor:
+        """``feed_tree`` (the one row's pending committed tokens, then ``tree``'s nodes):
+        (1, N + 1, V) logits, entry 0 after the newest committed token, entry i + 1 after node
+        i. ``keep_path`` commits the accepted nodes (and their hidden states)."""
+        if self._feature_hook is None:
+            return self.feed_tree(tokens, padding, tree)
+        self._fresh.clear()
+        held = self.rows.lengths[0] if self.rows is not None and self.rows.lengths else 0
+        count = tokens.shape[1] - padding.lefts[0]
+        logits = self.feed_tree(tokens, padding, tree)
+        hidden = self._take_fresh()
+        assert hidden is not None
+        self._tree_hidden = (hidden, count - min(held, count))
+        return logits
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After ``verify_tree``: keep the nodes ``path``'s columns, and their hidden states
+        after the row's committed ones."""
+        super().keep_path(path)
+        kept, self._tree_hidden = self._tree_hidden, None
+        if kept is None:
+            return
+        hidden, pending = kept  # (1, pending + N, d): the pending committed tokens, the nodes
+        columns = [*range(pending), *(pending + i for i in path)]
+        chosen = hidden[:, torch.tensor(columns, device=hidden.device)]
+        assert self.rows is not None
+        end = self.rows.lengths[0]
+        buffer = self._buffer_for(hidden, end)
+        buffer[:, end - len(columns) : end] = chosen
+        self._feature_lengths = [end]
 
     def _verify(
         self,
@@ -866,6 +966,15 @@ class TargetModel(CausalLM):
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 """Where HuggingFace decoders keep the norm whose output their LM head reads."""
+
+
+def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model's attention scores take (an additive mask's): its first floating
+    parameter's (quantized models keep float32 norms and activations)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
 
 
 def final_norm(model: torch.nn.Module) -> torch.nn.Module:

@@ -18,10 +18,13 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _argtypes
 from .legacy import earlier_flags
+
+if TYPE_CHECKING:
+    from .trees.tree import TreeShape
 
 
 class UserError(Exception):
@@ -55,6 +58,7 @@ class EngineOptions:
     dtype: str = "auto"
     lockstep: bool = False
     compile: str = "auto"
+    tree: TreeShape | None = None
 
     # The sampling flags: ``flashspec serve`` leaves them out (each request brings its own).
     SAMPLING = (
@@ -168,6 +172,14 @@ class EngineOptions:
             help="rows of a batch advance together, by the fewest drafts any row accepted (the "
             "earlier engine, to measure against; default: each row commits its own)",
         )
+        parser.add_argument(
+            "--tree",
+            type=_argtypes.tree_shape,
+            default=None,
+            metavar="DEPTH,NODES,TOP_K",
+            help="verify a token tree a round instead of a chain of drafts (one row, eager; "
+            "e.g. 5,24,4: up to 5 levels, 24 nodes, 4 children a node; default off)",
+        )
         add_compile_argument(parser)
         parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
         parser.add_argument(
@@ -238,6 +250,7 @@ class EngineOptions:
                 dtype=self.dtype,
                 batching="lockstep" if self.lockstep else "ragged",
                 compile=compile_setting(self.compile),
+                tree=self.tree,
             )
         except (ValueError, TypeError) as exc:
             raise UserError(_flag_message(str(exc))) from None

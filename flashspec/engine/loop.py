@@ -44,6 +44,7 @@ from ..select.policy import (
     make_policy,
 )
 from ..select.throughput import ThroughputModel
+from ..trees.tree import TokenTree
 from .chat import Messages, chat_ids
 from .generation import Generation, Row
 from .inputs import Prompt, Stop, per_row_stops, prepare, tokenize
@@ -51,6 +52,7 @@ from .logprobs import MAX_TOP, emitted_logprobs, prompt_logprobs
 from .penalties import draft_adjust, round_adjusters
 from .results import GenerationResult, StreamChunk, TokenLogprob, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
+from .tree_round import accept_tree_round, tree_shape
 
 LOG = logging.getLogger("flashspec")
 
@@ -548,16 +550,29 @@ class SpeculativeEngine:
         caps = self._row_caps(gen, policy, choice, follow)
         if caps is not None:
             choice = dataclasses.replace(choice, gamma=min(choice.gamma, max(caps)))
-        proposal, setup = self._draft(gen, choice.arm.drafter, choice.gamma, choice.learn, caps)
+        tree, setup = self._draft_tree(gen, choice)
+        if tree is None:
+            proposal, setup = self._draft(gen, choice.arm.drafter, choice.gamma, choice.learn,
+                                          caps)  # fmt: skip
         drafted_at = time.perf_counter()
 
-        # 2. verify
-        lengths = proposal.lengths if proposal.short and gen.ragged else None
-        logits = self.target.verify(gen.tokens, proposal.tokens, gen.padding, lengths)
+        # 2. verify: a chain of drafts, or a tree of them
+        lengths = None
+        if tree is None:
+            lengths = proposal.lengths if proposal.short and gen.ragged else None
+            logits = self.target.verify(gen.tokens, proposal.tokens, gen.padding, lengths)
+        else:
+            logits = self.target.verify_tree(gen.tokens, gen.padding, tree)
         verified_at = time.perf_counter()
 
-        # 3. accept / reject, and the round's single host read
-        acceptance = self._accept(gen, logits, proposal)
+        # 3. accept / reject, and the round's single host read; a tree's accepted path reads
+        # as a chain from here on
+        planted = None
+        if tree is None:
+            acceptance = self._accept(gen, logits, proposal)
+        else:
+            planted = accept_tree_round(gen, logits, tree, self.target)
+            proposal, logits, acceptance = planted.proposal, planted.logits, planted.acceptance
         g = proposal.count
         host: list[list[int]] = torch.cat(
             [proposal.tokens, acceptance.token.unsqueeze(1), acceptance.accepted.unsqueeze(1)],
@@ -583,7 +598,8 @@ class SpeculativeEngine:
         self._commit(gen)
         accepted = sum(c + (row[g + 1] > c) for c, row in zip(counts, host, strict=True))
         emitted = sum(counts) + rows
-        stats.count_round(choice.arm.label, rows, g, emitted, accepted)
+        drafted = g if tree is None else tree.size
+        stats.count_round(choice.arm.label, rows, drafted, emitted, accepted)
 
         # 5. stop and stream
         new = [[*row[:c], row[g]] for c, row in zip(counts, host, strict=True)]
@@ -597,18 +613,21 @@ class SpeculativeEngine:
         end = time.perf_counter()
 
         # 6. learn; the round's time includes it: it is the policy's own cost
+        verified = None if lengths is None or not self._packs else sum(lengths) + rows
+        if planted is not None:
+            verified = planted.verified
         policy.observe(
             choice,
             Outcome(
-                drafted=g,
+                drafted=g if planted is None else planted.levels,
                 accepted=m,
-                probability=acceptance.probability,
+                probability=acceptance.probability if planted is None else planted.probability,
                 rows=rows,
                 draft_seconds=drafted_at - chosen_at - setup,
                 other_seconds=(chosen_at - start) + (end - drafted_at),
                 seconds=end - start - setup,
                 emitted=emitted,
-                verified=None if lengths is None or not self._packs else sum(lengths) + rows,
+                verified=verified,
             ),
         )
         stats.time_draft += drafted_at - start
@@ -665,6 +684,27 @@ class SpeculativeEngine:
                 setup = time.perf_counter() - began
         with span("draft"):
             return drafter.propose(ctx, gamma).capped(caps), setup
+
+    def _draft_tree(self, gen: Generation, choice: Choice) -> tuple[TokenTree | None, float]:
+        """The round's token tree (``FlashSpecConfig.tree``) and the seconds of the drafter's
+        first reading of the generation, or (None, 0.0): a chain round."""
+        index = choice.arm.drafter
+        drafter = None if index is None else self.drafters[index]
+        shape = tree_shape(self.config.tree, gen, drafter, choice.gamma, self.target,
+                           self.compiled.on)  # fmt: skip
+        if shape is None or drafter is None or index is None:
+            return None, 0.0
+        began = time.perf_counter()
+        ctx = self._draft_context(gen, drafter)
+        setup = 0.0
+        if index not in gen.drafted_by:
+            gen.drafted_by.add(index)  # as in _draft
+            if choice.learn:
+                drafter.prefill(ctx)
+                setup = time.perf_counter() - began
+        with span("draft"):
+            tree = drafter.propose_tree(ctx, shape)
+        return (tree, setup) if tree is not None and tree.size else (None, setup)
 
     def _draft_context(
         self, gen: Generation, drafter: Drafter, caps: list[int] | None = None

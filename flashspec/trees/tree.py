@@ -33,6 +33,24 @@ class TreeShape:
     nodes: int = 24
     top_k: int = 4
 
+    @staticmethod
+    def parse(text: str) -> TreeShape | None:
+        """``DEPTH,NODES,TOP_K`` (e.g. ``5,24,4``), or ``off`` (None).
+
+        Raises:
+            ValueError: anything else, with the expected form.
+        """
+        if text.strip().lower() in ("off", "none", "0"):
+            return None
+        parts = text.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(
+                f"a tree shape is DEPTH,NODES,TOP_K integers >= 1 such as 5,24,4, or off; "
+                f"got {text!r}"
+            )
+        depth, nodes, top_k = (int(p) for p in parts)
+        return TreeShape(depth=depth, nodes=nodes, top_k=top_k)
+
     def __post_init__(self) -> None:
         for name in ("depth", "nodes", "top_k"):
             value = getattr(self, name)

@@ -1,0 +1,84 @@
+"""A round that verifies a token tree: when it runs, and how its accepted path becomes the
+chain-shaped proposal, logits and acceptance the rest of the round reads (append, commit,
+stop, logprobs), so that a tree round differs from a chain round only in draft and verify."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters import Drafter, Proposal
+from ..models import TargetModel
+from ..sampling import Acceptance
+from ..trees.accept import accept_tree, accept_tree_greedy
+from ..trees.tree import TokenTree, TreeShape
+from .generation import Generation
+
+
+@dataclass
+class TreeOutcome:
+    """A tree round's acceptance as a chain's: the accepted path's tokens (1, L), the logits
+    at the root and along the path (1, L + 1, V), the acceptance, and for the policy the depth
+    levels tried (``levels``) with the probability that each accepted some child (1, levels)."""
+
+    proposal: Proposal
+    logits: torch.Tensor
+    acceptance: Acceptance
+    levels: int
+    probability: torch.Tensor
+    verified: int
+
+
+def tree_shape(
+    shape: TreeShape | None,
+    gen: Generation,
+    drafter: Drafter | None,
+    gamma: int,
+    target: TargetModel,
+    compiled: bool,
+) -> TreeShape | None:
+    """The tree a round drafts (``gamma`` levels at most), or None: a chain round. Trees
+    need one row, a target whose rows keep their own columns, the eager path, greedy or
+    rejection sampling, and no per-round logit changes (penalties, grammars), whose
+    adjustments follow one chain of drafts."""
+    if shape is None or drafter is None or gamma <= 0 or compiled:
+        return None
+    if len(gen.live) != 1 or gen.joining or target.rows is None:
+        return None
+    if gen.sampling.resolved_method == "typical" or gen.adjusters or gen.grammar is not None:
+        return None
+    return TreeShape(depth=min(shape.depth, gamma), nodes=shape.nodes, top_k=shape.top_k)
+
+
+def accept_tree_round(
+    gen: Generation, logits: torch.Tensor, tree: TokenTree, target: TargetModel
+) -> TreeOutcome:
+    """Accept along ``tree`` from its verification's (1, N + 1, V) ``logits`` (exactly:
+    ``flashspec.trees.accept``), keep the accepted path in the target's cache, and return the
+    round as a chain of the path's tokens."""
+    row = logits[0]
+    if gen.sampling.resolved_method == "greedy":
+        accepted = accept_tree_greedy(row, tree)
+    else:
+        accepted = accept_tree(gen.warper.probs(row), tree, gen.generator)
+    path = accepted.path
+    target.keep_path(path)
+    device = logits.device
+    along = torch.tensor([0, *(i + 1 for i in path)], device=device)
+    tokens = tree.tokens[torch.tensor(path, dtype=torch.int64, device=device)].view(1, len(path))
+    length = len(path)
+    levels = max(1, min(len(accepted.probabilities), tree.depth))
+    probability = torch.tensor([accepted.probabilities[:levels]], dtype=torch.float64)
+    return TreeOutcome(
+        proposal=Proposal(tokens),
+        logits=logits.index_select(1, along),
+        acceptance=Acceptance(
+            accepted=torch.tensor([length], device=device),
+            token=torch.tensor([accepted.token], device=device),
+            probability=probability[:, :length].to(device),
+        ),
+        levels=levels,
+        probability=probability,
+        verified=tree.size + 1,
+    )

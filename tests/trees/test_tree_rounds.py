@@ -1,0 +1,292 @@
+"""Rounds that verify a token tree (``FlashSpecConfig.tree``) emit what the target would.
+
+Greedy: token for token the target's own ``generate`` (a difference only at a numerical tie of
+its top two logits), with trees of every shape around the true continuation: deep, wide, the
+true child at any rank, off-path subtrees. Sampling: chi-squared (alpha 0.01) of the first two
+emitted tokens against the exact warped distributions, with trees whose shape is fixed before
+the round. The target's cache after a tree round is the cache of the accepted tokens alone.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+from chi2_helpers import chi_squared
+from conftest import build_char_tokenizer, build_llama
+
+from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
+from flashspec.drafters import DraftContext, Drafter, Proposal
+from flashspec.models import Padding
+from flashspec.sampling import Warper
+from flashspec.trees import TokenTree, TreeBuilder, TreeShape
+
+TIE = 1e-4
+MAX_NEW = 24
+PROMPTS = ["def quicksort(arr):", "a", "hello world", "the cat sat on the mat. the cat", "[1, 2"]
+
+
+@cache
+def tokenizer() -> Any:
+    return build_char_tokenizer()
+
+
+@cache
+def target_model() -> Any:
+    return build_llama(0, init_range=0.3)
+
+
+def prompt_ids(prompt: str) -> list[int]:
+    ids: list[int] = tokenizer()(prompt)["input_ids"]
+    return ids
+
+
+@cache
+def reference(prompt: str) -> tuple[int, ...]:
+    """The target's own greedy continuation (EOS included)."""
+    ids = torch.tensor([prompt_ids(prompt)])
+    with torch.inference_mode():
+        out = target_model().generate(ids, do_sample=False, max_new_tokens=MAX_NEW,
+                                      pad_token_id=0)  # fmt: skip
+    new = out[0, ids.shape[1] :].tolist()
+    eos = target_model().generation_config.eos_token_id
+    return tuple(new[: new.index(eos) + 1] if eos in new else new)
+
+
+class OracleTrees(Drafter):
+    """Random trees around a known continuation: at each level of the true path the true token
+    is a child with probability ``hit`` at a random rank among wrong siblings, and wrong nodes
+    grow subtrees of their own. Chains: the true continuation."""
+
+    name = "oracle"
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], hit: float, seed: int) -> None:
+        self.truth = truth
+        self.hit = hit
+        self.rng = random.Random(seed)
+        self.trees = 0
+        self.moved = 0  # trees whose true path is not the first nodes (columns moved)
+
+    def _future(self, ctx: DraftContext) -> list[int]:
+        row = ctx.tokens[0, int(ctx.padding.lefts[0]) :].tolist()
+        for prompt, continuation in self.truth.items():
+            if tuple(row[: len(prompt)]) == prompt:
+                return continuation[len(row) - len(prompt) :]
+        raise AssertionError("unknown prompt")
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        return Proposal(torch.tensor([self._future(ctx)[:gamma]], dtype=torch.int64))
+
+    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        future, rng, vocab = self._future(ctx), self.rng, 40
+        builder = TreeBuilder()
+        parent = -1
+        for depth in range(min(shape.depth, len(future))):
+            if builder.size >= shape.nodes:
+                break
+            wrong = [t for t in rng.sample(range(vocab), shape.top_k) if t != future[depth]]
+            children = wrong[: rng.randrange(0, shape.top_k)]
+            truth_here = rng.random() < self.hit
+            if truth_here:
+                children.insert(rng.randrange(len(children) + 1), future[depth])
+            for token in children:
+                if builder.size < shape.nodes:
+                    node = builder.add(parent, token)
+                    if token != future[depth] and rng.random() < 0.5 and builder.size < shape.nodes:
+                        builder.add(node, rng.randrange(vocab))  # an off-path subtree
+            here = builder.node(parent, future[depth])
+            if here is None:
+                break
+            parent = here
+        if builder.size == 0:
+            return None
+        tree = builder.build()
+        self.trees += 1
+        true_path = tree.path(parent) if parent >= 0 else []
+        self.moved += true_path != list(range(len(true_path)))
+        return tree
+
+
+def engine_with(drafter: Drafter, shape: TreeShape | None, **sampling: Any) -> SpeculativeEngine:
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=shape.depth if shape else 4,
+                                                     **sampling), tree=shape)  # fmt: skip
+    target = TargetModel("tiny", model=target_model(), tokenizer=tokenizer())
+    return SpeculativeEngine(config, [drafter], target)
+
+
+def check_states(target: TargetModel) -> tuple[Callable[[Any], None], list[int]]:
+    """A ``before_round`` hook asserting that the hidden states the target keeps (for a
+    feature draft) are a fresh forward's over the committed tokens but the newest: the
+    accepted path's states, not another node's; and the count of rounds it checked."""
+    checked = [0]
+
+    def check(view: Any) -> None:
+        if target.feature_counts(view.padding) is None:
+            return
+        known = view.tokens.shape[1] - 1
+        kept = target.gather_features(torch.arange(known).view(1, -1), view.padding)
+        with torch.inference_mode():
+            want = target.model.model(input_ids=view.tokens[:, :known]).last_hidden_state
+        torch.testing.assert_close(kept, want, atol=1e-4, rtol=1e-4)
+        checked[0] += 1
+
+    return check, checked
+
+
+def assert_greedy(prompt: str, got: list[int]) -> bool:
+    """``got`` equals the target's greedy continuation; True if it differs at a tie."""
+    ref = list(reference(prompt))
+    for j, (a, b) in enumerate(zip(got, ref, strict=False)):
+        if a != b:
+            ids = torch.tensor([prompt_ids(prompt) + ref[:j]])
+            with torch.inference_mode():
+                top = target_model()(ids).logits[0, -1].topk(2).values
+            gap = float(top[0] - top[1])
+            assert gap < TIE, f"{prompt!r}: token {j} is {a}, not {b} (gap {gap:.2e})"
+            return True
+    assert got == ref
+    return False
+
+
+SHAPES = [
+    TreeShape(depth=8, nodes=8, top_k=1),  # a chain
+    TreeShape(depth=6, nodes=24, top_k=4),
+    TreeShape(depth=2, nodes=16, top_k=6),  # wide
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("hit", [0.9, 0.5])
+def test_greedy_tree_rounds_equal_target_generate(shape: TreeShape, hit: float) -> None:
+    truth = {tuple(prompt_ids(p)): list(reference(p)) for p in PROMPTS}
+    drafter = OracleTrees(truth, hit, seed=int(hit * 10) + shape.nodes)
+    engine = engine_with(drafter, shape)
+    engine.target.track_features()  # as a feature draft would have it
+    check, checked = check_states(engine.target)
+    engine.before_round.append(check)
+    ties = 0
+    for prompt in PROMPTS:
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        ties += assert_greedy(prompt, result.tokens[0])
+    assert ties <= 1
+    assert checked[0] > 10
+    assert drafter.trees > 0
+    if shape.top_k > 1:
+        assert drafter.moved > 0, "no tree moved an accepted path's columns"
+
+
+def test_the_cache_after_a_tree_round_is_the_committed_tokens() -> None:
+    """Logits after a tree round (a path that is not the first nodes) equal a fresh forward of
+    the committed tokens: the other nodes' columns are gone."""
+    model = target_model()
+    target = TargetModel("tiny", model=model)
+    target.reset()
+    ids = torch.tensor([prompt_ids("hello world")])
+    padding = Padding(torch.zeros(1, dtype=torch.int64))
+    builder = TreeBuilder()
+    builder.add_path([5, 6, 7])
+    builder.add_path([8, 9, 10, 11])
+    builder.add(0, 12)
+    tree = builder.build()
+    with torch.inference_mode():
+        logits = target.verify_tree(ids, padding, tree)
+        for node in range(tree.size):  # every node's logits are those of its path as a chain
+            path = [int(tree.tokens[i]) for i in tree.path(node)]
+            chain = model(torch.cat([ids, torch.tensor([path])], dim=1)).logits[0, -1]
+            torch.testing.assert_close(logits[0, node + 1], chain, atol=1e-4, rtol=1e-4)
+        path = tree.path(5)  # 8, 9, 10: nodes 3, 4, 5, after nodes of another branch
+        target.keep_path(path)
+        committed = torch.cat([ids, torch.tensor([[8, 9, 10, 11]])], dim=1)
+        target.commit(committed, padding)
+        assert target.rows is not None and target.rows.lengths == [committed.shape[1] - 1]
+        after = target.verify(committed, committed[:, :0], padding)[0, -1]
+        fresh = model(committed).logits[0, -1]
+    torch.testing.assert_close(after, fresh, atol=1e-4, rtol=1e-4)
+
+
+VOCAB = 12
+PROMPT = [1, 5, 7, 3, 9, 5, 7]
+
+
+@cache
+def small_target() -> Any:
+    return build_llama(10, vocab_size=VOCAB, layers=1, hidden=32, init_range=0.15)
+
+
+class FixedShapeTrees(Drafter):
+    """Deterministic trees whose tokens depend only on the context: the same two-level
+    shape each round, children the tokens after the row's last token in a fixed table."""
+
+    name = "fixed"
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        return Proposal(ctx.tokens[:, -1:].clone())
+
+    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        last = int(ctx.tokens[0, -1])
+        builder = TreeBuilder()
+        for rank in range(3):
+            node = builder.add(-1, (last * 5 + rank * 7) % VOCAB)
+            for sub in range(2):
+                builder.add(node, (last + rank * 3 + sub * 4 + 1) % VOCAB)
+        return builder.build()
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_sampled_tree_rounds_follow_the_target(temperature: float, top_p: float) -> None:
+    model = small_target()
+    sampling = SamplingConfig(gamma=2, temperature=temperature, top_p=top_p)
+    config = FlashSpecConfig(sampling=sampling, tree=TreeShape(depth=2, nodes=9, top_k=3))
+    engine = SpeculativeEngine(config, [FixedShapeTrees()], TargetModel(model=model))
+    first: Counter[int] = Counter()
+    second: Counter[int] = Counter()
+    for call in range(600):
+        tokens = engine.generate(PROMPT, max_new_tokens=2, ignore_eos=True, seed=call).tokens[0]
+        first[tokens[0]] += 1
+        second[tokens[1]] += 1
+    warper = Warper(temperature=temperature, top_p=top_p)
+    with torch.inference_mode():
+        p_first = warper.probs(model(torch.tensor([PROMPT])).logits[0, -1]).double()
+        extended = torch.tensor([[*PROMPT, x] for x in range(VOCAB)])
+        p_second = p_first @ warper.probs(model(extended).logits[:, -1]).double()
+    for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
+        stat, critical = chi_squared(counts, p)
+        assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"
+
+
+def test_feature_and_lookup_trees_keep_identity_and_the_targets_states() -> None:
+    """The shipped drafters' trees (the feature draft's EAGLE-2 trees and prompt lookup's
+    tries), chosen among by the default policy: greedy identity, and before every round the
+    hidden states the target keeps for the feature draft are a fresh forward's over the
+    committed tokens (the accepted path's, not another node's)."""
+    from flashspec.drafters import PromptLookupDrafter
+    from flashspec.feature_drafter import FeatureDrafter
+    from flashspec.shared_head import build_shared_head_draft
+
+    model = target_model()
+    torch.manual_seed(3)
+    vocab = int(model.config.vocab_size)
+    draft = build_shared_head_draft(model, list(range(vocab)), layers=1, reads="features").eval()
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4), tree=TreeShape(4, 12, 3))
+    target = TargetModel("tiny", model=model, tokenizer=tokenizer())
+    engine = SpeculativeEngine(config, [FeatureDrafter(draft), PromptLookupDrafter()], target)
+    check, checked = check_states(target)
+    engine.before_round.append(check)
+    verify_tree = target.verify_tree
+    trees: list[TokenTree] = []
+
+    def spy(tokens: torch.Tensor, padding: Padding, tree: TokenTree) -> torch.Tensor:
+        trees.append(tree)
+        return verify_tree(tokens, padding, tree)
+
+    target.verify_tree = spy  # type: ignore[method-assign]
+    for prompt in PROMPTS:
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        assert_greedy(prompt, result.tokens[0])
+    assert checked[0] > 10
+    assert sum(tree.size > tree.depth for tree in trees) > 5, "too few branching trees"
