@@ -843,10 +843,10 @@ def smollm2_draft_section(data: dict[str, Any]) -> str:
     tree = s.get("tree")
     if tree:
         lines[0] += (
-            f" Rows with `tree` verify a token tree a round (`--tree {tree['depth']},"
-            f"{tree['nodes']},{tree['top_k']}`: up to {tree['depth']} levels, {tree['nodes']} "
-            f"nodes, {tree['top_k']} children a node; flashspec.trees); their acceptance is "
-            "accepted tokens over tree nodes verified."
+            f" Rows with `tree` verify a token tree a round (up to {tree['depth']} levels, "
+            f"{tree['nodes']} nodes, {tree['top_k']} children a node, "
+            f"{tree.get('expand') or tree['top_k']} expanded a level; flashspec.trees); their "
+            "acceptance is accepted tokens over tree nodes verified."
         )
     for workload, rows in data["summary"].items():
         lines += [

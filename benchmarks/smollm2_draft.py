@@ -113,7 +113,7 @@ class Methods:
                               f"{base} --temperature 0.7 --top-p 0.95"),
             }  # fmt: skip
             if tree is not None:
-                shape = f" --tree {tree.depth},{tree.nodes},{tree.top_k}"
+                shape = f" --tree {tree}"
                 builds["fs_draft_tree"] = (EngineOptions(target="smollm2", drafter="model",
                                            gamma=gamma, dtype=dtype, tree=tree),
                                            f"{base} --drafter model --gamma {gamma}{shape}")

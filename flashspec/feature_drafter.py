@@ -150,7 +150,7 @@ class FeatureDrafter(Drafter):
         or before the target has read the row's prompt.
 
         The root's children are the draft's ``top_k`` tokens, each with its draft probability
-        as path probability. Each further level reads the ``top_k`` newest nodes of highest
+        as path probability. Each further level reads the ``expanded`` newest nodes of highest
         path probability in one draft forward (a tree mask: each sees the row's committed
         columns, its ancestors' columns and itself) and gives each its ``top_k`` children at
         path probability the parent's times the draft's. Of all nodes, the ``shape.nodes``
@@ -177,7 +177,7 @@ class FeatureDrafter(Drafter):
                                 [ROOT], [1.0], shape.top_k)  # fmt: skip
         states: dict[int, torch.Tensor] = {ROOT: root[0, 0]}  # node -> its draft state (d,)
         for level in range(2, depth + 1):
-            chosen = sorted(frontier, key=lambda i: (-nodes.probs[i], i))[: shape.top_k]
+            chosen = sorted(frontier, key=lambda i: (-nodes.probs[i], i))[: shape.expanded]
             if not chosen:
                 break
             features = torch.stack([states[nodes.parents[i]] for i in chosen]).unsqueeze(0)
@@ -414,4 +414,6 @@ class _Candidates:
         mine: dict[int, int] = {ROOT: ROOT}
         for i in order:
             mine[i] = builder.add(mine[self.parents[i]], self.tokens[i])
-        return builder.build(device)
+        tree = builder.build(device)
+        tree.weights = [self.probs[i] for i in order]  # node k is order[k]: one trial each
+        return tree

@@ -52,7 +52,7 @@ from .logprobs import MAX_TOP, emitted_logprobs, prompt_logprobs
 from .penalties import draft_adjust, round_adjusters
 from .results import GenerationResult, StreamChunk, TokenLogprob, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
-from .tree_round import accept_tree_round, tree_shape
+from .tree_round import accept_tree_round, paying_prefix, tree_shape
 
 LOG = logging.getLogger("flashspec")
 
@@ -704,7 +704,16 @@ class SpeculativeEngine:
                 setup = time.perf_counter() - began
         with span("draft"):
             tree = drafter.propose_tree(ctx, shape)
-        return (tree, setup) if tree is not None and tree.size else (None, setup)
+        if tree is None or not tree.size:
+            return None, setup
+        # Shape by cost: the nodes whose expected tokens pay for their verification; not from
+        # measured times when the random draws must not follow them (as ``_round`` chooses).
+        follow = gen.warper.greedy or not gen.seeded or self.config.bandit.seeded == "follow"
+        model = self.policy.model if isinstance(self.policy, ThroughputPolicy) else None
+        if model is not None and follow:
+            drafted = time.perf_counter() - began - setup
+            tree = paying_prefix(tree, drafted, model.verify_seconds)
+        return tree, setup
 
     def _draft_context(
         self, gen: Generation, drafter: Drafter, caps: list[int] | None = None

@@ -4,6 +4,8 @@ stop, logprobs), so that a tree round differs from a chain round only in draft a
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +50,29 @@ def tree_shape(
         return None
     if gen.sampling.resolved_method == "typical" or gen.adjusters or gen.grammar is not None:
         return None
-    return TreeShape(depth=min(shape.depth, gamma), nodes=shape.nodes, top_k=shape.top_k)
+    return dataclasses.replace(shape, depth=min(shape.depth, gamma))
+
+
+def paying_prefix(
+    tree: TokenTree, draft_seconds: float, verify_seconds: Callable[[int], float | None]
+) -> TokenTree:
+    """The first nodes of ``tree`` that maximize the round's expected tokens per second: with
+    the drafter's path probabilities (``TokenTree.weights``) a prefix of n nodes yields
+    1 + their sum tokens on average, and costs the drafting already done plus the measured
+    target side of n + 1 tokens (``ThroughputModel.verify_seconds``). The whole tree when
+    either is unknown (the model then measures it)."""
+    weights = tree.weights
+    if weights is None or verify_seconds(tree.size + 1) is None:
+        return tree
+    best, best_rate, expected = tree.size, -1.0, 1.0
+    for n in range(1, tree.size + 1):
+        expected += weights[n - 1]
+        seconds = verify_seconds(n + 1)
+        assert seconds is not None
+        rate = expected / (draft_seconds + seconds)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return tree.prefix(best)
 
 
 def accept_tree_round(

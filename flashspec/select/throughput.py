@@ -394,6 +394,14 @@ class ThroughputModel:
         parts = self._draft_parts(drafter)
         return None if parts is None else parts[1]
 
+    def verify_seconds(self, tokens: int) -> float | None:
+        """The measured cost of a round's target side (verification and the rest) that reads
+        ``tokens`` tokens, from the fitted line; None before any round or while the line has
+        no slope yet (one length seen)."""
+        if not self._line.known or self._line.slope() is None:
+            return None
+        return self._line(tokens)
+
     def verify_share(self, rows: int) -> float | None:
         """Seconds one more verified token adds to a round of ``rows`` rows, as a share of a
         plain round's seconds per row (the target side's measured line); None before the line

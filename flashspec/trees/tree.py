@@ -27,11 +27,20 @@ ROOT = -1
 @dataclass(frozen=True)
 class TreeShape:
     """How large a tree a drafter may propose: ``depth`` levels at most, ``nodes`` nodes at
-    most, ``top_k`` children of a node at most."""
+    most, ``top_k`` children of a node at most; a model drafter expands (drafts on from) the
+    ``expand`` most probable nodes of a level (None: ``top_k``). ``expand=1`` is a chain with
+    its nodes' runner-up tokens as leaves beside it, which costs the draft no more than the
+    chain: each draft step's distribution gives them."""
 
     depth: int = 5
     nodes: int = 24
     top_k: int = 4
+    expand: int | None = None
+
+    @property
+    def expanded(self) -> int:
+        """Nodes a level expands: ``expand``, or ``top_k``."""
+        return self.top_k if self.expand is None else self.expand
 
     @staticmethod
     def parse(text: str) -> TreeShape | None:
@@ -43,17 +52,23 @@ class TreeShape:
         if text.strip().lower() in ("off", "none", "0"):
             return None
         parts = text.split(",")
-        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        if len(parts) not in (3, 4) or not all(p.strip().isdigit() for p in parts):
             raise ValueError(
-                f"a tree shape is DEPTH,NODES,TOP_K integers >= 1 such as 5,24,4, or off; "
-                f"got {text!r}"
+                "a tree shape is DEPTH,NODES,TOP_K[,EXPAND] integers >= 1 such as 5,24,4 or "
+                f"4,9,2,1, or off; got {text!r}"
             )
-        depth, nodes, top_k = (int(p) for p in parts)
-        return TreeShape(depth=depth, nodes=nodes, top_k=top_k)
+        depth, nodes, top_k, *expand = (int(p) for p in parts)
+        return TreeShape(depth, nodes, top_k, expand[0] if expand else None)
+
+    def __str__(self) -> str:
+        tail = "" if self.expand is None else f",{self.expand}"
+        return f"{self.depth},{self.nodes},{self.top_k}{tail}"
 
     def __post_init__(self) -> None:
-        for name in ("depth", "nodes", "top_k"):
+        for name in ("depth", "nodes", "top_k", "expand"):
             value = getattr(self, name)
+            if name == "expand" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TreeShape {name} must be an integer >= 1, got {value!r}")
 
@@ -76,11 +91,15 @@ class TokenTree:
         parents: node i's parent (< i), or ``ROOT``.
         trials: ``trials[i + 1]``: node i's children as they are tried; ``trials[0]``: the
             root's. Every node is some trial's child.
+        weights: the drafter's probability that node i's path is accepted, not increasing
+            along the nodes (None: unknown). The engine keeps the first nodes that pay
+            (``prefix``) by them.
     """
 
     tokens: torch.Tensor
     parents: list[int]
     trials: list[list[Trial]]
+    weights: list[float] | None = None
     depths: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +155,14 @@ class TokenTree:
             out.append(node)
             node = self.parents[node]
         return out[::-1]
+
+    def prefix(self, count: int) -> TokenTree:
+        """The tree of the first ``count`` nodes (ancestor-closed: parents come first)."""
+        if count >= self.size:
+            return self
+        trials = [[t for t in at if t.child < count] for at in self.trials[: count + 1]]
+        weights = None if self.weights is None else self.weights[:count]
+        return TokenTree(self.tokens[:count], self.parents[:count], trials, weights)
 
     def ancestor_mask(self, device: torch.device | None = None) -> torch.Tensor:
         """(N, N) bool: [i, j] True when node j is node i or one of its ancestors."""

@@ -290,3 +290,28 @@ def test_feature_and_lookup_trees_keep_identity_and_the_targets_states() -> None
         assert_greedy(prompt, result.tokens[0])
     assert checked[0] > 10
     assert sum(tree.size > tree.depth for tree in trees) > 5, "too few branching trees"
+
+
+def test_the_paying_prefix_keeps_the_nodes_that_pay() -> None:
+    """Shape by cost: with a verification that costs 1 s plus 0.1 s a token and no drafting,
+    node k pays while its weight exceeds the rate so far times 0.1 s; a tree without weights,
+    or a cost not measured yet, is kept whole."""
+    from flashspec.engine.tree_round import paying_prefix
+
+    builder = TreeBuilder()
+    builder.add_path([1, 2, 3])
+    builder.add(-1, 4)
+    builder.add(0, 5)
+    tree = builder.build()
+    tree.weights = [0.9, 0.8, 0.5, 0.05, 0.01]  # nodes 0..4 by path probability
+    line: Callable[[int], float | None] = lambda n: 1.0 + 0.1 * n  # noqa: E731
+
+    def rate(n: int) -> float:
+        return (1 + sum(tree.weights[:n])) / (1.0 + 0.1 * (n + 1))  # type: ignore[index]
+
+    kept = paying_prefix(tree, 0.0, line)
+    assert kept.size == max(range(1, 6), key=rate) == 3
+    assert kept.tokens.tolist() == [1, 2, 3] and kept.trials[0] == [tree.trials[0][0]]
+    assert paying_prefix(tree, 0.0, lambda n: None).size == 5
+    tree.weights = None
+    assert paying_prefix(tree, 0.0, line).size == 5
