@@ -40,6 +40,7 @@ PAGES: dict[str, Path] = {
     "SMOLLM2-Q4KM": DOCS / "quantized.md",
     "LENGTHS": DOCS / "adaptive.md",
     "API-FIELDS": DOCS / "engine.md",
+    "TREES": DOCS / "trees.md",
 }
 RESULTS = ROOT / "benchmarks" / "results"
 KERNEL_JSON = RESULTS / "kernel.json"
@@ -54,6 +55,7 @@ SMOLLM2_JSON = RESULTS / "smollm2.json"
 SMOLLM2_PROFILE_JSON = RESULTS / "profile-smollm2.json"
 SMOLLM2_SWEEP_JSON = RESULTS / "smollm2-gamma-sweep.json"
 SMOLLM2_DRAFT_JSON = RESULTS / "smollm2-draft.json"
+SMOLLM2_TREE_JSON = RESULTS / "smollm2-draft-tree.json"
 QUANT_JSON = RESULTS / "quant.json"
 SMOLLM2_QUANT_JSON = RESULTS / "smollm2-quant.json"
 SMOLLM2_Q4KM_JSON = RESULTS / "smollm2-q4_k_m-quant.json"
@@ -822,10 +824,11 @@ def _draft_method_rank(name: str) -> int:
     return DRAFT_METHODS.index(name) if name in DRAFT_METHODS else len(DRAFT_METHODS)
 
 
-def smollm2_draft_section(data: dict[str, Any]) -> str:
+def smollm2_draft_section(data: dict[str, Any], with_card: bool = True) -> str:
     """``benchmarks/smollm2_draft.py``: the shipped SmolLM2 draft against HF and llama.cpp,
-    one table per workload, and what its card says of its training."""
-    m, s, card = data["machine"], data["settings"], data.get("draft_card") or {}
+    one table per workload, and what its card says of its training (``with_card``)."""
+    m, s = data["machine"], data["settings"]
+    card = (data.get("draft_card") or {}) if with_card else {}
     lines = [
         f"`python benchmarks/smollm2_draft.py` ({m['cpu']}, {m['cores']} cores, "
         f"{m.get('torch_threads')} torch threads; torch {m['torch']}, transformers "
@@ -1165,6 +1168,8 @@ def sections() -> dict[str, str]:
         bodies["SMOLLM2"] = smollm2_section(_load(SMOLLM2_JSON), profile, sweep)
     if SMOLLM2_DRAFT_JSON.exists():
         bodies["SMOLLM2-DRAFT"] = smollm2_draft_section(_load(SMOLLM2_DRAFT_JSON))
+    if SMOLLM2_TREE_JSON.exists():
+        bodies["TREES"] = smollm2_draft_section(_load(SMOLLM2_TREE_JSON), with_card=False)
     if QUANT_JSON.exists():
         bodies["QUANT-KERNEL"] = quant_kernel_section(_load(QUANT_JSON))
     if SMOLLM2_QUANT_JSON.exists():
