@@ -115,12 +115,12 @@ class Methods:
             if tree is not None:
                 shape = f" --tree {tree}"
                 builds["fs_draft_tree"] = (EngineOptions(target="smollm2", drafter="model",
-                                           gamma=gamma, dtype=dtype, tree=tree),
+                                           gamma=gamma, dtype=dtype, tree=str(tree)),
                                            f"{base} --drafter model --gamma {gamma}{shape}")
-                builds["fs_tree"] = (EngineOptions(target="smollm2", dtype=dtype, tree=tree),
+                builds["fs_tree"] = (EngineOptions(target="smollm2", dtype=dtype, tree=str(tree)),
                                      base + shape)
                 builds["fs_tree_sample"] = (EngineOptions(target="smollm2", dtype=dtype, seed=0,
-                                            tree=tree, **SAMPLING),
+                                            tree=str(tree), **SAMPLING),
                                             f"{base} --temperature 0.7 --top-p 0.95{shape}")
             for name, (options, flag) in builds.items():
                 self.engines[name + suffix] = options.build()

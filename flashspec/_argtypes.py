@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .trees.tree import TreeShape
 
 
 def integer(text: str) -> int:
@@ -52,14 +48,16 @@ def int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def tree_shape(text: str) -> TreeShape | None:
-    """``DEPTH,NODES,TOP_K`` (e.g. ``5,24,4``), or ``off``: a token tree's shape."""
+def tree_shape(text: str) -> str | None:
+    """``DEPTH,NODES,TOP_K[,EXPAND]`` (e.g. ``5,24,4``), checked and kept as text, or ``off``
+    (None): a token tree's shape (``flashspec.trees.TreeShape.parse``)."""
     from .trees.tree import TreeShape
 
     try:
-        return TreeShape.parse(text)
+        shape = TreeShape.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return None if shape is None else str(shape)
 
 
 def finite_float(text: str) -> float:

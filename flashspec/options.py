@@ -18,13 +18,10 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from . import _argtypes
 from .legacy import earlier_flags
-
-if TYPE_CHECKING:
-    from .trees.tree import TreeShape
 
 
 class UserError(Exception):
@@ -58,7 +55,7 @@ class EngineOptions:
     dtype: str = "auto"
     lockstep: bool = False
     compile: str = "auto"
-    tree: TreeShape | None = None
+    tree: str | None = None  # "DEPTH,NODES,TOP_K[,EXPAND]" (flashspec.trees.TreeShape.parse)
 
     # The sampling flags: ``flashspec serve`` leaves them out (each request brings its own).
     SAMPLING = (
@@ -215,6 +212,7 @@ class EngineOptions:
         )
         from .models import DEMO_DRAFT3_NAME, DEMO_DRAFT_NAME, DEMO_NAME, DEMO_NAMES, TargetModel
         from .select import default_bandit
+        from .trees.tree import TreeShape
 
         if self.drafter == "prompt-lookup" and self.draft is not None:
             raise UserError(
@@ -250,7 +248,7 @@ class EngineOptions:
                 dtype=self.dtype,
                 batching="lockstep" if self.lockstep else "ragged",
                 compile=compile_setting(self.compile),
-                tree=self.tree,
+                tree=TreeShape.parse(self.tree) if self.tree is not None else None,
             )
         except (ValueError, TypeError) as exc:
             raise UserError(_flag_message(str(exc))) from None
