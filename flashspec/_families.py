@@ -1,5 +1,5 @@
 """Model families that flashspec refuses, or batches only in part, for reasons outside their
-cache layers (``flashspec._state`` judges those): a forward that does not decode from the
+cache layers (``flashspec.kv.state`` judges those): a forward that does not decode from the
 tokens after its cache, a cache class of the family's own, attention that is not causal, and
 positions that do not follow left padding.
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ._state import UnsupportedModelError
+from .kv.state import UnsupportedModelError
 
 REFUSED: dict[str, str] = {
     "cpmant": (

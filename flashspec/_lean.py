@@ -12,8 +12,8 @@ so greedy identity and exact sampling carry over unchanged.
 Only the plain call shape takes this path: anything else (hidden states or attentions asked
 for, embeddings passed in, an unknown keyword, tracing by ``torch.compile``) runs
 transformers' own forward. The final norm stays a module call, so forward hooks on it (the
-features draft reads the target's states there) still fire. ``hf_layers`` (``_linear.untuned``)
-gives a model transformers' forward back while inside, for baselines.
+features draft reads the target's states there) still fire. ``hf_layers``
+(``models.linear.untuned``) gives a model transformers' forward back while inside, for baselines.
 """
 
 from __future__ import annotations

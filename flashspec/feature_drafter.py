@@ -28,9 +28,6 @@ from typing import Any
 
 import torch
 
-from ._compat import ForwardSignature, crop_cache, new_cache
-from ._layout import RowLayout, append_zero_rows, gather_columns, shiftable
-from ._state import select_attention_rows
 from .drafters import (
     DraftContext,
     Drafter,
@@ -40,6 +37,9 @@ from .drafters import (
     pick_draft,
     tree_depth,
 )
+from .kv.compat import ForwardSignature, crop_cache, new_cache
+from .kv.layout import RowLayout, append_zero_rows, gather_columns, shiftable
+from .kv.state import select_attention_rows
 from .models import Padding, TargetModel
 from .shared_head import draft_input, feature_hidden
 from .trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape

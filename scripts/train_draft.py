@@ -187,7 +187,7 @@ def unrolled(
     target's states) and one column of each pass between (its own earlier drafts). Every pass
     returns (B, T - 1, d); pass k's first k - 1 columns have no such round and are padding.
     """
-    from flashspec._compat import ForwardSignature, new_cache
+    from flashspec.kv.compat import ForwardSignature, new_cache
 
     batch, columns = inputs.shape[0], inputs.shape[1] - 1
     device = inputs.device
@@ -278,7 +278,7 @@ def evaluate(draft: Any, target: Any, windows: torch.Tensor) -> dict[str, float]
 @torch.inference_mode()
 def step_ms(model: Any, prompt: torch.Tensor, reps: int = 16) -> float:
     """One-token decode step after ``prompt``, best of two timed runs (milliseconds)."""
-    from flashspec._compat import ForwardSignature, new_cache
+    from flashspec.kv.compat import ForwardSignature, new_cache
 
     cache_arg = ForwardSignature.of(model).cache_arg
     best = math.inf
@@ -296,7 +296,7 @@ def step_ms(model: Any, prompt: torch.Tensor, reps: int = 16) -> float:
 @torch.inference_mode()
 def feature_step_ms(draft: Any, target: Any, prompt: torch.Tensor, reps: int = 16) -> float:
     """A features draft's one-token step after ``prompt`` (milliseconds, best of two)."""
-    from flashspec._compat import ForwardSignature, new_cache
+    from flashspec.kv.compat import ForwardSignature, new_cache
 
     hidden = target.model(input_ids=prompt).last_hidden_state
     cache_arg = ForwardSignature.of(draft).cache_arg

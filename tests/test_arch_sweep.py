@@ -25,8 +25,8 @@ import torch
 from arch_helpers import WINDOWED, mismatch, models, prompts, reference, tiny_config
 
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec._state import UnsupportedModelError
 from flashspec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from flashspec.kv.state import UnsupportedModelError
 
 LENGTHS = (5, 11, 17)
 MAX_NEW = [12, 7, 10]  # rows end at different rounds and leave the batch
@@ -56,7 +56,7 @@ _NO_CACHE = "takes neither `cache` nor `past_key_values`"
 _STEPWISE = "cannot be a target: its sparse-attention indexer"
 
 REFUSED: dict[str, str] = {
-    # Recurrent or linear-attention state flashspec has not verified (flashspec._state).
+    # Recurrent or linear-attention state flashspec has not verified (flashspec.kv.state).
     "bailing_hybrid": _UNVERIFIED,
     "bamba": _UNVERIFIED,
     "granitemoehybrid": _UNVERIFIED,

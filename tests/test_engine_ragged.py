@@ -3,7 +3,7 @@ and each row's output stays exactly what it is alone.
 
 References are independent of the engine: HF ``generate`` on each prompt alone (greedy), and the
 exact first/second-token distributions of the target (sampling, chi-squared at alpha = 0.01).
-The cache layout (``flashspec._layout.RowLayout``) is checked against a plain-list model of it.
+The cache layout (``flashspec.kv.layout.RowLayout``) is checked against a plain-list model of it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from flashspec import (
     SpeculativeEngine,
     TargetModel,
 )
-from flashspec._layout import COMPACT_COLUMNS, RowLayout
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
 from flashspec.engine.loop import RoundView
+from flashspec.kv.layout import COMPACT_COLUMNS, RowLayout
 from flashspec.models import Padding
 
 MAX_NEW = 32

@@ -23,7 +23,7 @@ from test_engine_distribution import PROMPT, chi_squared, exact
 from test_engine_distribution import models as sampling_models
 from test_engine_greedy import PROMPTS, check_rows_without_eos, models, tokenizer
 
-import flashspec._layout as layout
+import flashspec.kv.layout as layout
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
 from flashspec.drafters import Drafter, PromptLookupDrafter
 

@@ -3,7 +3,7 @@ in ``FAMILIES``, in tiny random configs, is exact against the target's own greed
 a single row, a ragged batch with drafting forced, and two model drafters, or refused when the
 engine is built.
 
-A window counts cache columns. In a ragged batch (``flashspec._layout``) a row's columns include
+A window counts cache columns. In a ragged batch (``flashspec.kv.layout``) a row's columns include
 dead ones (rejected drafts, padding in the middle), so a window over columns would cover fewer of
 the row's real tokens than it does alone; such models must run column-aligned batches.
 """
@@ -18,8 +18,8 @@ import pytest
 from arch_helpers import WINDOWED, mismatch, models, prompts, reference
 
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec._state import UnsupportedModelError
 from flashspec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from flashspec.kv.state import UnsupportedModelError
 
 LENGTHS = (7, 23, 41)  # shorter than, about, and several times the window (8 columns)
 MAX_NEW = [40, 13, 29]

@@ -13,9 +13,9 @@ import torch
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec._compat import new_cache
 from flashspec._lean import hf_forward, is_lean, make_lean
 from flashspec.drafters import ModelDrafter
+from flashspec.kv.compat import new_cache
 
 
 def _pair(attention: str = "sdpa", kv_heads: int = 2) -> tuple[Any, Any]:

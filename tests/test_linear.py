@@ -1,4 +1,4 @@
-"""``flashspec._linear``: the transposed form of a few-row product equals a float64 reference,
+"""``flashspec.models.linear``: the transposed form of a few-row product equals a float64 reference,
 the form is chosen per row count by what was timed, and a target whose every layer takes it
 still decodes greedily as HF's ``generate`` does on the untouched model and samples its
 distribution (chi-squared)."""
@@ -15,9 +15,9 @@ from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine
 from flashspec._greedy import compare_greedy
-from flashspec._linear import DISABLE_ENV, TunedLinear, faster_rows, tune_linears, untuned
 from flashspec.drafters import ModelDrafter
 from flashspec.models import TargetModel
+from flashspec.models.linear import DISABLE_ENV, TunedLinear, faster_rows, tune_linears, untuned
 
 
 @pytest.mark.parametrize("bias", [True, False])

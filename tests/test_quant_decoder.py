@@ -701,7 +701,7 @@ def tree_call(
     """One forward of a batch of trees (row b: ``tokens[b]`` with ``parents[b]``) after ``past``
     cached positions, the 4-D mask the eager transformers path takes (``kind``: "additive",
     0 / the float32 min, or "bool") with positions by depth; the logits (B, N, V)."""
-    from flashspec._compat import ForwardSignature
+    from flashspec.kv.compat import ForwardSignature
 
     n = int(tokens.shape[1])
     visible = torch.from_numpy(np.stack([tree_rows(p, past, past + n) for p in parents]) != 0)
@@ -721,7 +721,7 @@ def tree_call(
 def chain_call(model: Any, cache: Any, tokens: torch.Tensor) -> torch.Tensor:
     """A plain causal forward of ``tokens`` (B, n) after what ``cache`` holds: no mask, the
     positions following the cache's; the logits (B, n, V)."""
-    from flashspec._compat import ForwardSignature
+    from flashspec.kv.compat import ForwardSignature
 
     arg = ForwardSignature.of(model).cache_arg
     with torch.inference_mode():
@@ -731,7 +731,7 @@ def chain_call(model: Any, cache: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 def prefilled(model: Any, prompts: torch.Tensor) -> Any:
     """A fresh cache holding ``prompts`` (B, P)."""
-    from flashspec._compat import new_cache
+    from flashspec.kv.compat import new_cache
 
     cache = new_cache(model)
     chain_call(model, cache, prompts)

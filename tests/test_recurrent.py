@@ -17,16 +17,16 @@ import pytest
 import torch
 from conftest import build_char_tokenizer, build_llama, perturbed_copy
 
-import flashspec._state as state
+import flashspec.kv.state as state
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec._compat import crop_cache, new_cache
 from flashspec.bench.recurrent import build
 from flashspec.drafters import DraftContext, Drafter, ModelDrafter, PromptLookupDrafter
+from flashspec.kv.compat import crop_cache, new_cache
 from flashspec.models import Padding
 from flashspec.sampling import Warper
 
 EXACT = ["mamba2", "qwen3_next", "lfm2", "falcon_h1", "mamba", "falcon_mamba", "jamba"]
-# Mamba-1 mixers: exact only because flashspec gives their scan the cached state (_mamba1).
+# Mamba-1 mixers: exact only because flashspec gives their scan the cached state (kv.mamba1).
 STEPWISE = ["mamba", "falcon_mamba", "jamba"]
 VOCAB = 58  # the character tokenizer's
 MAX_NEW = 24
@@ -241,7 +241,7 @@ def test_mamba_mixers_are_made_exact_on_flashspec_caches_only(family: str) -> No
 
 
 def test_mamba_mixers_not_found_are_refused_as_targets(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("flashspec._mamba1.MIXERS", frozenset())
+    monkeypatch.setattr("flashspec.kv.mamba1.MIXERS", frozenset())
     model = build("mamba", 2, seed=0, vocab=VOCAB)
     with pytest.raises(state.UnsupportedModelError) as info:
         TargetModel(model=model)

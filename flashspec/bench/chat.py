@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .._greedy import compare_greedy
-from .._linear import untuned
+from ..models.linear import untuned
 from . import runner
 from .chat_requests import COPY_KINDS as COPY_KINDS
 from .chat_requests import ChatRequest as ChatRequest

@@ -9,7 +9,7 @@ the same from round to round, so the few forward shapes a round uses (the drafte
 step, the target's (gamma + 1)-token verification) are each compiled once and replayed
 (``step``: inductor on CPU, CUDA graphs on CUDA). Prefill and other long forwards run eager on
 the same buffers. The attention mask is built from the cache's ``RowLayout`` columns, so the
-exactness argument of the eager path (``flashspec._layout``) carries over unchanged: the
+exactness argument of the eager path (``flashspec.kv.layout``) carries over unchanged: the
 compiled step computes the same function as the eager one, only fused.
 """
 

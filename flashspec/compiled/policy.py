@@ -52,7 +52,7 @@ def obstacle(lm: CausalLM) -> str | None:
     if lm.window is not None:
         return f"{lm.name} attends through a window ({lm.window})"
     if not lm.support.chunked_exact:
-        return f"{lm.name} reads one token per forward after its cache (flashspec._state)"
+        return f"{lm.name} reads one token per forward after its cache (flashspec.kv.state)"
     if lm.padded_batches is not None:
         return f"{lm.name} cannot batch rows of different lengths ({lm.padded_batches})"
     if not lm.shiftable:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .._compat import new_cache
+from ..kv.compat import new_cache
 
 MIN_COLUMNS = 256
 """The smallest capacity: short generations share one bucket (and its compiled graphs)."""

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from .._state import UnsupportedModelError
 from .._validate import is_int
 from ..compiled import CompileDecision, resolve_compile
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
 from ..grammar import Grammar
+from ..kv.state import UnsupportedModelError
 from ..legacy import Alias
 from ..loading import bundled_drafter
 from ..models import (

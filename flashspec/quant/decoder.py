@@ -13,7 +13,7 @@ token tree's 4-D one over the same columns (any number of new positions: a promp
 included, its products read the blocks in passes of 16 rows, which measured faster here than
 dequantizing the weights for the BLAS). A batch's rows share every product (the weights are
 read once for all of them), and the 2-D mask hides each row's dead columns (its padding and
-rejected drafts, ``flashspec._layout``) from its attention; a tree's mask (B, 1, m, past + m)
+rejected drafts, ``flashspec.kv.layout``) from its attention; a tree's mask (B, 1, m, past + m)
 comes as a row per query instead, each node seeing the committed columns and its ancestors
 only. Keys and values then live in one preallocated buffer per cache (``_KVStore``) and each
 layer's ``keys``/``values`` are prefix views of it, so a step writes its new positions in

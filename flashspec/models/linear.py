@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ._lean import hf_forward
+from .._lean import hf_forward
 
 logger = logging.getLogger("flashspec")
 

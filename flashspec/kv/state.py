@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from . import _mamba1
+from . import mamba1
 
 StateMode = Literal["keep", "replay", "check"]
 STATE_MODE_ENV = "FLASHSPEC_RECURRENT"
@@ -34,7 +34,7 @@ single-step scans round differently, a wrong state differs by the state itself."
 # Families whose stateful caches are verified here (tests/test_recurrent.py): greedy output equal
 # to HF ``generate``, target and drafter, batches. The value says whether one forward over
 # several tokens after a cached state is exact as transformers ships it; where it is not, the
-# family's mixers get their cached state as the scan's initial state (``flashspec._mamba1``).
+# family's mixers get their cached state as the scan's initial state (``flashspec.kv.mamba1``).
 _CHUNKED_EXACT: dict[str, bool] = {
     "mamba2": True,
     "qwen3_next": True,
@@ -157,7 +157,7 @@ def check_support(model: torch.nn.Module, cache: Any, role: str) -> CacheSupport
             "layers (recurrent/conv state), and this family's state handling is not verified "
             f"by flashspec, so exactness cannot be promised. Supported: {_supported_list()}"
         )
-    chunked = _CHUNKED_EXACT[model_type] or _mamba1.patch(model)
+    chunked = _CHUNKED_EXACT[model_type] or mamba1.patch(model)
     if role == "target" and not chunked:
         raise UnsupportedModelError(
             f"{name} cannot be a target: transformers' {model_type} mixer restarts its scan "

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 OWNED_CACHE = "_flashspec_owned"
-"""Attribute set on every cache flashspec makes (``flashspec._compat.new_cache``)."""
+"""Attribute set on every cache flashspec makes (``flashspec.kv.compat.new_cache``)."""
 MIXERS = frozenset({"MambaMixer", "FalconMambaMixer", "JambaMambaMixer"})
 _SCAN = "mamba_selective_scan"  # the module-level function each mixer's module calls
 _initial = threading.local()  # the state the next scan call in this thread starts from

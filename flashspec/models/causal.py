@@ -21,13 +21,18 @@ from typing import Any
 
 import torch
 
+from .._families import check_family, padded_batch_refusal
+from .._lean import make_lean
+from ..compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
+from ..compiled.step import CompiledForward
+from ..config import AUTO_DTYPE, resolve_dtype
+
 # ``as``: re-exported, public here (see the module docstring).
-from ._compat import ForwardSignature as ForwardSignature
-from ._compat import crop_cache as crop_cache
-from ._compat import has_sliding_layers
-from ._compat import new_cache as new_cache
-from ._families import check_family, padded_batch_refusal
-from ._layout import (
+from ..kv.compat import ForwardSignature as ForwardSignature
+from ..kv.compat import crop_cache as crop_cache
+from ..kv.compat import has_sliding_layers
+from ..kv.compat import new_cache as new_cache
+from ..kv.layout import (
     RowLayout,
     append_rows,
     append_zero_rows,
@@ -37,10 +42,7 @@ from ._layout import (
     pad_columns,
     shiftable,
 )
-from ._lean import make_lean
-from ._linear import tune_linears
-from ._linear import untuned as untuned
-from ._state import (
+from ..kv.state import (
     CHECK_TOLERANCE,
     CacheSupport,
     Snapshot,
@@ -57,20 +59,19 @@ from ._state import (
     take_snapshot,
     trim_conv,
 )
-from .compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
-from .compiled.step import CompiledForward
-from .config import AUTO_DTYPE, resolve_dtype
 
 # Loading moved to flashspec.loading; these names stay importable from here.
-from .loading.pretrained import DEMO_DIR as DEMO_DIR
-from .loading.pretrained import DEMO_DRAFT3_NAME as DEMO_DRAFT3_NAME
-from .loading.pretrained import DEMO_DRAFT_NAME as DEMO_DRAFT_NAME
-from .loading.pretrained import DEMO_NAME as DEMO_NAME
-from .loading.pretrained import DEMO_NAMES as DEMO_NAMES
-from .loading.pretrained import load_pretrained as load_pretrained
-from .loading.pretrained import resolve_model_path as resolve_model_path
-from .profiling import span
-from .trees.tree import TokenTree
+from ..loading.pretrained import DEMO_DIR as DEMO_DIR
+from ..loading.pretrained import DEMO_DRAFT3_NAME as DEMO_DRAFT3_NAME
+from ..loading.pretrained import DEMO_DRAFT_NAME as DEMO_DRAFT_NAME
+from ..loading.pretrained import DEMO_NAME as DEMO_NAME
+from ..loading.pretrained import DEMO_NAMES as DEMO_NAMES
+from ..loading.pretrained import load_pretrained as load_pretrained
+from ..loading.pretrained import resolve_model_path as resolve_model_path
+from ..profiling import span
+from ..trees.tree import TokenTree
+from .linear import tune_linears
+from .linear import untuned as untuned
 
 
 class Padding:
@@ -152,7 +153,7 @@ def _max_positions(config: Any) -> int | None:
 
 class CausalLM:
     """A causal LM plus its KV cache, with rollback by cropping (attention) or by snapshots
-    (recurrent state, see ``flashspec._state``).
+    (recurrent state, see ``flashspec.kv.state``).
 
     Wrap the model after moving it to its device and dtype.
 
@@ -174,7 +175,7 @@ class CausalLM:
         vocab_size: width of the logits (rows of the output embedding).
         max_context: positions the model can attend over (``max_position_embeddings``), or None.
         window: why the model's attention is limited to a window of columns
-            (``flashspec._layout.column_window``), or None.
+            (``flashspec.kv.layout.column_window``), or None.
         padded_batches: why rows of different lengths (left padded) cannot share a batch
             (``flashspec._families.padded_batch_refusal``), or None when they can.
         shiftable: whether rows of a batch can keep their own columns (ragged batches): a plain
@@ -182,7 +183,7 @@ class CausalLM:
         cached: committed columns whose keys/values are in ``cache``.
         support: whether the cache holds recurrent/conv state, and whether a multi-token
             forward after a cached state is exact.
-        state_mode: rollback policy of a stateful model (``flashspec._state.state_mode``; read
+        state_mode: rollback policy of a stateful model (``flashspec.kv.state.state_mode``; read
             from ``FLASHSPEC_RECURRENT``, settable).
         replays, replayed_tokens, replay_seconds: restore-and-replay forwards this generation.
         compiled: the compiled forward (``compile_steps``), or None: eager only.
@@ -211,7 +212,7 @@ class CausalLM:
         self.max_context = _max_positions(self.config)
         fresh = new_cache(model)
         self.support: CacheSupport = check_support(model, fresh, role)
-        # Rows can keep their own columns (ragged batches, ``flashspec._layout``) only in a
+        # Rows can keep their own columns (ragged batches, ``flashspec.kv.layout``) only in a
         # plain attention cache of a model that takes positions and a mask, and attends to
         # every earlier column (a window counts dead columns too).
         self.window = column_window(self.config)
@@ -558,7 +559,7 @@ class CausalLM:
             self._crop_rows(self.rows.select(index, index.tolist()))
             self._compact()
 
-    # Ragged batches (``shiftable`` models only; see ``flashspec._layout``).
+    # Ragged batches (``shiftable`` models only; see ``flashspec.kv.layout``).
 
     def keep_rows(self, lengths: Sequence[int]) -> None:
         """Row b keeps its first ``lengths[b]`` tokens in the cache (at most what it holds)."""
@@ -639,7 +640,7 @@ class TargetModel(CausalLM):
             or when ``hub_id`` is a local directory).
 
     A float32 model on the CPU has its large linear layers tuned in place for verification's
-    few-row products (``flashspec._linear``; ``FLASHSPEC_TUNE_LINEAR=0`` leaves them as they
+    few-row products (``flashspec.models.linear``; ``FLASHSPEC_TUNE_LINEAR=0`` leaves them as they
     are).
     """
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ._mamba1 import OWNED_CACHE
-from ._state import UnsupportedModelError
+from .mamba1 import OWNED_CACHE
+from .state import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def new_cache(model: torch.nn.Module) -> Any:
     # Sliding-window layers drop old states unless told to keep them until the next crop.
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
-    # Marks the cache as flashspec's: mixers it patched (``_mamba1``) behave as shipped on others.
+    # Marks the cache as flashspec's: mixers it patched (``mamba1``) behave as shipped on others.
     setattr(cache, OWNED_CACHE, True)
     return cache
 
