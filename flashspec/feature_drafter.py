@@ -10,7 +10,7 @@ reads that state with the drafted token, and so on. Its cache keeps only the col
 the target's states: the drafted ones, read from its own, are dropped when the round commits
 (EAGLE's scheme, Li et al. 2024).
 
-The draft's cache keeps each row's columns apart (``flashspec._layout.RowLayout``, as a
+The draft's cache keeps each row's columns apart (``flashspec.kv.cache.RowCache``, as a
 shiftable ``CausalLM`` does), so rows commit their own counts and join a running batch (ragged
 batches, the server's continuous batching); lockstep batches are the case where every row
 commits the same count.
@@ -37,9 +37,9 @@ from .drafters import (
     pick_draft,
     tree_depth,
 )
-from .kv.compat import ForwardSignature, crop_cache, new_cache
-from .kv.layout import RowLayout, append_zero_rows, gather_columns, shiftable
-from .kv.state import select_attention_rows
+from .kv.cache import RowCache
+from .kv.compat import ForwardSignature, new_cache
+from .kv.layout import RowLayout, shiftable
 from .models import Padding, TargetModel
 from .shared_head import draft_input, feature_hidden
 from .trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape
@@ -76,8 +76,9 @@ class FeatureDrafter(Drafter):
         self.name = name
         self.temperature = temperature
         self._target: TargetModel | None = None
-        self._cache: Any = None
-        self._rows = RowLayout()  # per row: its columns read from the target's states, ...
+        limit = getattr(draft.config, "max_position_embeddings", None)
+        # Per row: its columns read from the target's states, ...
+        self._kv = RowCache(self._new_cache, None if limit is None else int(limit))
         self._drafted = 0  # ... then this round's drafted columns in every row, read from its own
         self._state: torch.Tensor | None = None  # (B, 1, d) its output at each row's newest read
 
@@ -118,8 +119,7 @@ class FeatureDrafter(Drafter):
 
     def reset(self) -> None:
         """Empty the draft's cache."""
-        self._cache = new_cache(self.draft)
-        self._rows = RowLayout()
+        self._kv.reset()
         self._drafted = 0
         self._state = None
 
@@ -225,12 +225,11 @@ class FeatureDrafter(Drafter):
         # (1, 1, n, W + n) additive: 4-D masks reach the attention as they are.
         mask = torch.zeros(visible.shape, dtype=dtype, device=device)
         mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[None, None]
-        limit = getattr(self.draft.config, "max_position_embeddings", None)
-        if limit is not None:
-            position = min(position, int(limit) - 1)  # (as _read_columns does)
+        if self._kv.limit is not None:
+            position = min(position, self._kv.limit - 1)  # (as RowCache.forward does)
         positions = torch.full((1, count), position, dtype=torch.int64, device=device)
         kwargs: dict[str, Any] = {
-            self._cache_arg: self._cache,
+            self._cache_arg: self._kv.cache,
             "use_cache": True,
             "position_ids": positions,
             "attention_mask": mask,
@@ -258,7 +257,7 @@ class FeatureDrafter(Drafter):
                 f"drafter {self.name!r} is not bound to a target: build a SpeculativeEngine "
                 "with it (which calls bind)"
             )
-        if self._cache is None:
+        if self._kv.cache is None:
             self.reset()
         self._drop_drafted()
         width, batch = ctx.tokens.shape[1], ctx.tokens.shape[0]
@@ -292,83 +291,63 @@ class FeatureDrafter(Drafter):
                                                                            state)  # fmt: skip
         return self._state is not None
 
+    def _new_cache(self) -> Any:
+        return new_cache(self.draft)
+
+    @property
+    def _rows(self) -> RowLayout:
+        return self._kv.rows
+
     def _read_columns(
         self, features: torch.Tensor, tokens: torch.Tensor, dead: Sequence[int]
     ) -> torch.Tensor:
         """One draft forward of (state, token) pairs (B, n), the first ``dead[b]`` dead in row
         b (``RowLayout.plan``); its final hidden states (B, n, d)."""
-        rows = self._rows
-        if rows.width == 0:
-            self._cache = new_cache(self.draft)  # no empty tensor of an earlier batch size stays
-        positions, alive, mask = rows.plan(dead, tokens.shape[1], tokens.device)
-        limit = getattr(self.draft.config, "max_position_embeddings", None)
-        if limit is not None:
-            positions = positions.clamp_max(int(limit) - 1)  # (as CausalLM does)
-        kwargs: dict[str, Any] = {
-            self._cache_arg: self._cache,
-            "use_cache": True,
-            "position_ids": positions,
-        }
-        if mask is not None:
-            kwargs["attention_mask"] = mask
-        hidden = feature_hidden(self.draft, features, tokens, **kwargs)
-        rows.append(alive, [tokens.shape[1] - d for d in dead])
-        return hidden
+
+        def call(positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            kwargs: dict[str, Any] = {
+                self._cache_arg: self._kv.cache,
+                "use_cache": True,
+                "position_ids": positions,
+            }
+            if mask is not None:
+                kwargs["attention_mask"] = mask
+            hidden: torch.Tensor = feature_hidden(self.draft, features, tokens, **kwargs)
+            return hidden
+
+        return self._kv.forward(call, tokens.shape[1], dead, tokens.device)
 
     def _drop_drafted(self) -> None:
         if self._drafted:
-            crop_cache(self._cache, self._drafted)
-            self._rows.crop(self._drafted)
-            self._rows.lengths = [n - self._drafted for n in self._rows.lengths]
+            self._kv.drop(self._drafted)
             self._drafted = 0
-
-    def _tidy(self, dead: int) -> None:
-        """Crop ``dead`` trailing columns and pack the rows once enough columns are dead."""
-        rows = self._rows
-        if dead > 0:
-            crop_cache(self._cache, dead)
-            rows.crop(dead)
-        plan = rows.compaction() if rows.alive is not None else None
-        if plan is not None:
-            gather_columns(self._cache, plan[0])
 
     def commit(self, valid: int) -> None:
         """Drop the drafted columns (read from its own states, not the target's)."""
-        if self._cache is not None:
-            self._drop_drafted()
-            if self._rows.alive is not None:
-                self._tidy(0)
+        self._drop_drafted()
+        self._kv.compact()
 
     def keep_rows(self, lengths: Sequence[int]) -> None:
         """Drop the drafted columns; row b keeps at most ``lengths[b]`` read columns."""
-        if self._cache is None or self._rows.alive is None:
+        if not self._kv.started:
             return
         self._drop_drafted()
-        self._tidy(self._rows.keep(lengths))
+        self._kv.keep(lengths)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index``."""
-        rows = self._rows
-        if self._cache is None or rows.alive is None:
+        if not self._kv.started:
             return
-        if rows.width:
-            select_attention_rows(self._cache, index)
-        self._tidy(rows.select(index, index.tolist()))
+        self._kv.select(index)
         if self._state is not None:
             self._state = self._state.index_select(0, index)
 
     def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
         """Rows joined the batch: they have read nothing yet (the next round reads their
         states, which the target keeps for them)."""
-        rows = self._rows
-        if self._cache is None or rows.alive is None:
+        if not self._kv.started:
             return  # nothing read yet: the first round reads every row
-        joined = RowLayout()
-        joined.start(tokens.shape[0], tokens.device)
-        joined.pad(rows.width)
-        if rows.width:
-            append_zero_rows(self._cache, tokens.shape[0])
-        rows.extend(joined)
+        self._kv.add_empty(tokens.shape[0], tokens.device)
         if self._state is not None:
             self._state = torch.cat([self._state, self._state.new_zeros(
                 (tokens.shape[0], *self._state.shape[1:]))])  # fmt: skip

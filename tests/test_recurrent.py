@@ -135,7 +135,7 @@ def test_check_mode_catches_a_wrong_state(monkeypatch: pytest.MonkeyPatch) -> No
                 if layer.is_recurrent_states_initialized[i]:
                     layer.recurrent_states[i] = layer.recurrent_states[i] * 0.5
 
-    monkeypatch.setattr("flashspec.models.restore_snapshot", stale)
+    monkeypatch.setattr("flashspec.models.target.restore_snapshot", stale)
     engine = engine_for("qwen3_next", "noisy")
     engine.target.state_mode = "check"
     with pytest.raises(RuntimeError, match="differs from a token-by-token replay"):
@@ -275,7 +275,7 @@ def test_unknown_cache_layer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         def __init__(self) -> None:
             self.layers = [OddLayer()]
 
-    monkeypatch.setattr("flashspec.models.new_cache", lambda model: OddCache())
+    monkeypatch.setattr("flashspec.models.causal.new_cache", lambda model: OddCache())
     with pytest.raises(state.UnsupportedModelError, match="OddLayer layers"):
         TargetModel(model=build_llama(0))
 
@@ -344,6 +344,6 @@ def test_a_stale_state_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
         for layer, recurrent in zip(state._stateful_layers(cache_), kept, strict=True):
             layer.recurrent_states.update(recurrent)
 
-    monkeypatch.setattr("flashspec.models.restore_snapshot", stale)
+    monkeypatch.setattr("flashspec.models.target.restore_snapshot", stale)
     (_, _), (stat, critical) = second_token_chi2("mamba2")
     assert stat > critical, f"a stale state went unnoticed: chi2 {stat:.1f} < {critical}"

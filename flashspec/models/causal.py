@@ -1,21 +1,21 @@
-"""Models: the KV-cache bookkeeping shared by target and drafters, and the target.
+"""``CausalLM``: a HuggingFace causal LM with its KV cache, the bookkeeping the target and the
+model drafters share.
 
-A ``CausalLM`` wraps a HuggingFace causal LM together with its KV cache and one integer,
-``cached``: how many leading columns of the committed token matrix the cache holds. Every
-forward feeds the columns after ``cached``; rolling back after a rejection is a crop to the
-number of columns still valid. Nothing is ever recomputed from the start of the prompt.
+The cache holds ``cached`` leading columns of the committed token matrix. Every forward reads
+the columns after ``cached``, and goes through one method (``_read``, whose one model call is
+``_call``): ``feed`` reads what the cache lacks of the committed tokens, then a round's drafts;
+``forward`` reads given columns; ``feed_tree`` reads a token tree. Rolling back after a
+rejection is a crop to the columns still valid (a stateful model's snapshot, ``kv.state``).
+Nothing is ever recomputed from the start of the prompt. A model whose rows can keep their own
+columns (``shiftable``) keeps its cache in a ``kv.cache.RowCache``, so that rows commit their
+own counts (ragged batches).
 
-A target's model runs leaner than transformers ships it (``make_lean``: the same operations
-without the module overhead; ``tune_linears``: the same products in a faster form on a CPU);
-``untuned(model)`` gives it transformers' forward and torch's linear layers back
-while inside, for baselines. ``new_cache``, ``crop_cache`` and ``ForwardSignature`` are the
-cache helpers every model here uses, for code that calls a model's forward itself.
+A model runs leaner than transformers ships it (``make_lean``: the same operations without the
+module overhead).
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,112 +25,27 @@ from .._families import check_family, padded_batch_refusal
 from .._lean import make_lean
 from ..compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
 from ..compiled.step import CompiledForward
-from ..config import AUTO_DTYPE, resolve_dtype
-
-# ``as``: re-exported, public here (see the module docstring).
-from ..kv.compat import ForwardSignature as ForwardSignature
-from ..kv.compat import crop_cache as crop_cache
-from ..kv.compat import has_sliding_layers
-from ..kv.compat import new_cache as new_cache
-from ..kv.layout import (
-    RowLayout,
-    append_rows,
-    append_zero_rows,
-    column_window,
-    gather_columns,
-    move_columns,
-    pad_columns,
-    shiftable,
-)
+from ..kv.cache import RowCache
+from ..kv.compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache
+from ..kv.layout import RowLayout, column_window, shiftable
 from ..kv.state import (
-    CHECK_TOLERANCE,
     CacheSupport,
     Snapshot,
     StateMode,
-    UnsupportedModelError,
     check_support,
     crop_attention,
     has_recurrent_state,
     restore_snapshot,
     select_attention_rows,
     select_state_rows,
-    state_difference,
     state_mode,
     take_snapshot,
     trim_conv,
 )
-
-# Loading moved to flashspec.loading; these names stay importable from here.
-from ..loading.pretrained import DEMO_DIR as DEMO_DIR
-from ..loading.pretrained import DEMO_DRAFT3_NAME as DEMO_DRAFT3_NAME
-from ..loading.pretrained import DEMO_DRAFT_NAME as DEMO_DRAFT_NAME
-from ..loading.pretrained import DEMO_NAME as DEMO_NAME
-from ..loading.pretrained import DEMO_NAMES as DEMO_NAMES
-from ..loading.pretrained import load_pretrained as load_pretrained
-from ..loading.pretrained import resolve_model_path as resolve_model_path
 from ..profiling import span
 from ..trees.tree import TokenTree
-from .linear import tune_linears
-from .linear import untuned as untuned
-
-
-class Padding:
-    """Left padding of a batch: where each row's real tokens start.
-
-    Row b's token in column j sits at position ``j - left[b]``; columns before ``left[b]`` are
-    padding, masked out and given position 0 (as HF ``generate`` does).
-    """
-
-    def __init__(self, left: torch.Tensor) -> None:
-        self.left = left
-        # Read once per batch layout: rounds size themselves per row from these on the host.
-        self.lefts: list[int] = [int(v) for v in left.tolist()]
-        self.max_left = max(self.lefts, default=0)
-        self.min_left = min(self.lefts, default=0)
-        # Without padding the models can take their faster unmasked causal path.
-        self.any = self.max_left > 0
-
-    def position_ids(self, start: int, length: int) -> torch.Tensor:
-        """(B, length) positions of columns ``start .. start + length - 1``."""
-        columns = torch.arange(start, start + length, device=self.left.device)
-        if not self.any:
-            return columns.unsqueeze(0).expand(self.left.shape[0], -1)
-        return (columns.unsqueeze(0) - self.left.unsqueeze(1)).clamp_min(0)
-
-    def attention_mask(self, total: int) -> torch.Tensor | None:
-        """(B, total) mask of columns ``0 .. total - 1``, or None when no row is padded."""
-        if not self.any:
-            return None
-        columns = torch.arange(total, device=self.left.device)
-        return (columns.unsqueeze(0) >= self.left.unsqueeze(1)).to(torch.int64)
-
-    def select(self, index: torch.Tensor) -> Padding:
-        """The layout of the rows in ``index``."""
-        return Padding(self.left.index_select(0, index))
-
-    def shifted(self, shifts: Sequence[int]) -> Padding:
-        """The layout after row b moved ``shifts[b]`` columns to the right."""
-        return Padding(self.left + torch.tensor(list(shifts), device=self.left.device))
-
-    def dropped(self, count: int) -> Padding:
-        """The layout after the first ``count`` columns (padding in every row) were removed."""
-        return Padding(self.left - count)
-
-    @staticmethod
-    def stack(layouts: Sequence[Padding]) -> Padding:
-        """The rows of ``layouts``, one after another."""
-        return Padding(torch.cat([layout.left for layout in layouts]))
-
-
-def _eos_ids(*sources: Any) -> list[int]:
-    for source in sources:
-        value = getattr(source, "eos_token_id", None)
-        if value is None:
-            continue
-        ids = [value] if isinstance(value, int) else [int(v) for v in value]
-        if ids:
-            return ids
-    return []
+from .padding import Padding
+from .vocab import eos_ids
 
 
 def _logit_width(model: torch.nn.Module) -> int:
@@ -227,9 +142,10 @@ class CausalLM:
             and self.signature.attention_mask
         )
         self.state_mode: StateMode = state_mode()
-        self.cache: Any = None
+        # The cache, in either layout: ``rows`` says which (read from ``kv`` when ragged).
+        self.kv = RowCache(self._new_cache, self.max_context)
+        self._ragged = False
         self.cached = 0
-        self.rows: RowLayout | None = None
         self._sliding = False
         # Stateful models: state copies by committed column, kept within one round.
         self._marks: dict[int, Snapshot] = {}
@@ -239,8 +155,25 @@ class CausalLM:
         self._span = span("target_forward" if role == "target" else "forward")
         self.compiled: CompiledForward | None = None
         self._statics: dict[int, Any] = {}  # static caches by capacity, kept across generations
-        self._static = False  # this generation's cache is one of them
         self._tree_nodes: tuple[int, int] | None = None  # a tree's (first column, nodes)
+
+    def _new_cache(self) -> Any:
+        return new_cache(self.model)
+
+    @property
+    def cache(self) -> Any:
+        """The model's cache object (a static one on the compiled path)."""
+        return self.kv.cache
+
+    @cache.setter
+    def cache(self, value: Any) -> None:
+        self.kv.cache = value
+
+    @property
+    def rows(self) -> RowLayout | None:
+        """Which columns are each row's tokens, in a cache whose rows keep their own columns
+        (``shiftable``, after ``reset``); None in a column-aligned cache."""
+        return self.kv.rows if self._ragged else None
 
     # The compiled path (``flashspec.compiled``).
 
@@ -260,8 +193,8 @@ class CausalLM:
         cache = self._statics.get(capacity)
         if cache is None:
             cache = self._statics[capacity] = new_static_cache(self.model, capacity)
-        self.cache = cache
-        self._static = True
+        self.kv.cache = cache
+        self.kv.static = True
 
     def warm_up(self) -> None:
         """Compile every compiled length now, in the smallest capacity bucket (a server does
@@ -287,14 +220,14 @@ class CausalLM:
     @property
     def static(self) -> bool:
         """Whether this generation's cache is a static one (the compiled path)."""
-        return self._static
+        return self.kv.static
 
     def _leave_static(self) -> None:
         """Continue eager on a dynamic cache with the same columns (rows joining or leaving a
         batch: the compiled path runs a batch of one)."""
-        if self._static:
-            self.cache = to_dynamic(self.cache, self.cached, self.model)
-            self._static = False
+        if self.kv.static:
+            self.kv.cache = to_dynamic(self.kv.cache, self.cached, self.model)
+            self.kv.static = False
 
     @property
     def config(self) -> Any:
@@ -311,19 +244,20 @@ class CausalLM:
     @property
     def eos_token_ids(self) -> list[int]:
         """End-of-sequence ids from the generation config, model config or tokenizer."""
-        return _eos_ids(getattr(self.model, "generation_config", None), self.config, self.tokenizer)
+        return eos_ids(getattr(self.model, "generation_config", None), self.config, self.tokenizer)
 
     def reset(self) -> None:
         """Start a new generation: empty cache."""
-        self.cache = new_cache(self.model)
-        self._static = False
+        self.kv.reset()
+        self._ragged = self.shiftable
         self.cached = 0
-        self.rows = RowLayout() if self.shiftable else None
         self._sliding = has_sliding_layers(self.cache)
         self._marks.clear()
         self.replays = 0
         self.replayed_tokens = 0
         self.replay_seconds = 0.0
+
+    # Forwards: what to read (``feed``, ``forward``, ``feed_tree``), read by ``_read``.
 
     def feed(
         self,
@@ -342,57 +276,100 @@ class CausalLM:
         if self.rows is None:
             pending = tokens[:, self.cached :]
             ids = pending if extra is None else torch.cat([pending, extra], dim=1)
-            return self.forward(ids, padding, keep)
-        rows = self.rows
-        if rows.alive is None:
-            rows.start(tokens.shape[0], tokens.device)
+            return self._read(ids, padding, keep)
+        if not self.kv.started:
+            self.kv.start(tokens.shape[0], tokens.device)
         width = tokens.shape[1]
         # A row may hold more than its committed tokens (a drafter's own drafts): none to feed.
-        need = [
-            max(width - left - n, 0) for left, n in zip(padding.lefts, rows.lengths, strict=True)
-        ]
+        held = self.kv.rows.lengths
+        need = [max(width - left - n, 0) for left, n in zip(padding.lefts, held, strict=True)]
         count = max(need, default=0)
         ids = tokens[:, width - count :]
         if extra is not None and extra.shape[1]:
             ids = torch.cat([ids, extra], dim=1)
-        with self._span:
-            return self._rows_forward(ids, [count - n for n in need], keep, tails)
+        return self._read(ids, padding, keep, [count - n for n in need], tails)
 
-    def _rows_forward(
-        self, ids: torch.Tensor, dead: list[int], keep: int, tails: list[int] | None = None
+    def forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
+        """Feed the columns after ``cached``; return the last ``keep`` logits, (B, keep, V).
+
+        Column-aligned: column j of ``input_ids`` is column ``cached + j`` of the batch, padding
+        where ``padding`` says so (the prompt's layout)."""
+        if self.rows is None:
+            return self._read(input_ids, padding, keep)
+        if not self.kv.started:
+            self.kv.start(input_ids.shape[0], input_ids.device)
+        start, length = self.cached, input_ids.shape[1]
+        dead = [min(max(left - start, 0), length) for left in padding.lefts]
+        return self._read(input_ids, padding, keep, dead)
+
+    def _read(
+        self,
+        ids: torch.Tensor,
+        padding: Padding,
+        keep: int,
+        dead: list[int] | None = None,
+        tails: list[int] | None = None,
     ) -> torch.Tensor:
-        """One forward of ``ids`` whose first ``dead[b]`` and last ``tails[b]`` columns are dead
-        in row b (the rest are its next tokens)."""
-        rows = self.rows
-        assert rows is not None
-        if rows.width == 0 and not self._static:
-            # Nothing cached: start from a fresh cache, so that no empty layer tensor of an
-            # earlier batch size meets this batch's rows.
-            self.cache = new_cache(self.model)
-        positions, alive, mask = rows.plan(dead, ids.shape[1], ids.device, tails)
-        added = [ids.shape[1] - d - t for d, t in zip(dead, tails or [0] * len(dead), strict=True)]
-        if self.max_context is not None:
-            positions = positions.clamp_max(self.max_context - 1)  # as in _model_forward
-        if self._static and (mask is not None or ids.shape[0] != 1):
+        """Read ``ids`` (B, n), the next columns: laid out by ``padding`` in a column-aligned
+        cache, or, in the ragged layout, the first ``dead[b]`` and the last ``tails[b]`` dead
+        in row b (the rest are its next tokens). The last ``keep`` logits, (B, keep, V)."""
+        if dead is not None:
+            logits = self.kv.forward(
+                lambda positions, mask: self._call(ids, positions, mask, keep),
+                ids.shape[1],
+                dead,
+                ids.device,
+                tails,
+            )
+            self.cached = self.kv.width
+            return logits
+        if not self.support.chunked_exact and self.cached > 0 and ids.shape[1] > 1:
+            # This family's multi-token forward after a cached state is not exact: feed tokens
+            # one at a time (only drafters get here; such targets are refused).
+            steps = [self._read(ids[:, j : j + 1], padding, 1) for j in range(ids.shape[1])]
+            return torch.cat(steps[-keep:], dim=1)
+        start, length = self.cached, ids.shape[1]
+        positions = mask = None
+        if self.signature.position_ids:
+            positions = padding.position_ids(start, length)
+            longest = start + length - padding.min_left  # the longest row's positions
+            if self.max_context is not None and longest > self.max_context:
+                # A row nearer its context limit than the row the round is sized for gets
+                # columns past the limit; they are never emitted for it (the engine cuts each
+                # row at its own limit), and clamped they index no missing position embedding.
+                positions = positions.clamp_max(self.max_context - 1)
+        if self.signature.attention_mask and padding.any:
+            mask = padding.attention_mask(start + length)
+        logits = self._call(ids, positions, mask, keep)
+        self.cached = start + length
+        return logits
+
+    def _call(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        keep: int,
+    ) -> torch.Tensor:
+        """The model's forward of ``ids`` (B, n) after the cache's columns, which it updates in
+        place (every transformers release since 4.56): the last ``keep`` logits, (B, keep, V).
+        ``positions`` (B, n) and ``mask`` (2-D over every column, or an additive 4-D one) are
+        left out when None."""
+        if self.kv.static and (mask is not None or ids.shape[0] != 1):
             self._leave_static()  # only a batch of one, every column alive, runs static
-        if self._static:
-            assert self.compiled is not None
-            scores = self.compiled(ids, positions, rows.width, self.cache)
-            rows.append(alive, added)
-            self.cached = rows.width
-            return scores[:, -keep:]
-        kwargs: dict[str, Any] = {
-            self.signature.cache_arg: self.cache,
-            "use_cache": True,
-            "position_ids": positions,
-        }
-        if mask is not None:
-            kwargs["attention_mask"] = mask
-        if self.signature.logits_to_keep:
-            kwargs["logits_to_keep"] = keep
-        output = self.model(input_ids=ids, **kwargs)
-        rows.append(alive, added)
-        self.cached = rows.width
+        with self._span:
+            if self.kv.static:
+                assert self.compiled is not None and positions is not None
+                scores: torch.Tensor = self.compiled(ids, positions, self.cached, self.cache)
+                return scores[:, -keep:]
+            kwargs: dict[str, Any] = {self.signature.cache_arg: self.cache, "use_cache": True}
+            if positions is not None:
+                kwargs["position_ids"] = positions
+            if mask is not None:
+                kwargs["attention_mask"] = mask
+            if self.signature.logits_to_keep:
+                kwargs["logits_to_keep"] = keep
+            output = self.model(input_ids=ids, **kwargs)
         logits: torch.Tensor = output.logits
         return logits[:, -keep:]
 
@@ -432,82 +409,22 @@ class CausalLM:
         dtype = _activation_dtype(self.model)
         mask = torch.zeros(seen.shape, dtype=dtype, device=device)
         mask.masked_fill_(~seen, torch.finfo(dtype).min)
-        kwargs: dict[str, Any] = {
-            self.signature.cache_arg: self.cache,
-            "use_cache": True,
-            "position_ids": positions,
-            "attention_mask": mask.view(1, 1, *seen.shape),
-        }
-        if self.signature.logits_to_keep:
-            kwargs["logits_to_keep"] = n + 1
-        with self._span:
-            output = self.model(input_ids=ids, **kwargs)
+        logits = self._call(ids, positions, mask.view(1, 1, *seen.shape), n + 1)
         rows.append(torch.ones((1, count), dtype=torch.bool, device=device), [count])
         self.cached = rows.width
         self._tree_nodes = (rows.width - n, n)
-        logits: torch.Tensor = output.logits
-        return logits[:, -(n + 1) :]
+        return logits
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After ``feed_tree``: the row keeps the columns of the nodes ``path`` (depth 1
         first), moved next to its committed columns; the other nodes' columns are cut."""
-        rows = self.rows
-        assert rows is not None and rows.alive is not None and self._tree_nodes is not None
+        assert self.rows is not None and self._tree_nodes is not None
         start, n = self._tree_nodes
         self._tree_nodes = None
-        move_columns(self.cache, [start + i for i in path], start)
-        end = start + len(path)
-        rows.alive[0, end:] = False
-        rows.lengths = [rows.lengths[0] - n + len(path)]
-        self._crop_rows(rows.width - end)
+        self.kv.keep_path(start, n, path)
+        self.cached = self.kv.width
 
-    def forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
-        """Feed the columns after ``cached``; return the last ``keep`` logits, (B, keep, V).
-
-        Column-aligned: column j of ``input_ids`` is column ``cached + j`` of the batch, padding
-        where ``padding`` says so (the prompt's layout)."""
-        if self.rows is not None:
-            if self.rows.alive is None:
-                self.rows.start(input_ids.shape[0], input_ids.device)
-            start, length = self.cached, input_ids.shape[1]
-            dead = [min(max(left - start, 0), length) for left in padding.lefts]
-            with self._span:
-                return self._rows_forward(input_ids, dead, keep)
-        if not self.support.chunked_exact and self.cached > 0 and input_ids.shape[1] > 1:
-            # This family's multi-token forward after a cached state is not exact: feed tokens
-            # one at a time (only drafters get here; such targets are refused).
-            steps = [
-                self._forward(input_ids[:, j : j + 1], padding, 1)
-                for j in range(input_ids.shape[1])
-            ]
-            return torch.cat(steps[-keep:], dim=1)
-        return self._forward(input_ids, padding, keep)
-
-    def _forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
-        with self._span:
-            return self._model_forward(input_ids, padding, keep)
-
-    def _model_forward(self, input_ids: torch.Tensor, padding: Padding, keep: int) -> torch.Tensor:
-        start, length = self.cached, input_ids.shape[1]
-        kwargs: dict[str, Any] = {self.signature.cache_arg: self.cache, "use_cache": True}
-        if self.signature.position_ids:
-            positions = padding.position_ids(start, length)
-            longest = start + length - padding.min_left  # the longest row's positions
-            if self.max_context is not None and longest > self.max_context:
-                # A row nearer its context limit than the row the round is sized for gets
-                # columns past the limit; they are never emitted for it (the engine cuts each
-                # row at its own limit), and clamped they index no missing position embedding.
-                positions = positions.clamp_max(self.max_context - 1)
-            kwargs["position_ids"] = positions
-        if self.signature.attention_mask and padding.any:
-            kwargs["attention_mask"] = padding.attention_mask(start + length)
-        if self.signature.logits_to_keep:
-            kwargs["logits_to_keep"] = keep
-        # The cache object is updated in place (every transformers release since 4.56).
-        output = self.model(input_ids=input_ids, **kwargs)
-        self.cached = start + length
-        logits: torch.Tensor = output.logits
-        return logits[:, -keep:]
+    # Rolling back, and rows leaving, keeping their own counts and joining.
 
     def rollback(self, valid: int) -> None:
         """Keep only the first ``valid`` columns in the cache (no-op if it holds fewer).
@@ -520,10 +437,10 @@ class CausalLM:
         """
         if not self.support.stateful:
             if self.cached > valid:
-                crop_cache(self.cache, self.cached - valid)
-                if self.rows is not None and self.rows.alive is not None:
-                    self.rows.crop(self.cached - valid)
-                    self.rows.lengths = self.rows.alive.sum(dim=1).tolist()
+                if self.rows is not None and self.kv.started:
+                    self.kv.truncate(valid)
+                else:
+                    crop_cache(self.cache, self.cached - valid)
                 self.cached = valid
             elif self._sliding:
                 # Sliding layers keep every state until a crop (so rollbacks work); trim them.
@@ -552,421 +469,45 @@ class CausalLM:
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index`` (finished rows leave the batch)."""
         self._leave_static()
-        if self.cached > 0:
+        if self.rows is not None and self.kv.started:
+            self.kv.select(index)
+            self.cached = self.kv.width
+        elif self.cached > 0:
             select_attention_rows(self.cache, index)
             select_state_rows(self.cache, index)
-        if self.rows is not None and self.rows.alive is not None:
-            self._crop_rows(self.rows.select(index, index.tolist()))
-            self._compact()
-
-    # Ragged batches (``shiftable`` models only; see ``flashspec.kv.layout``).
 
     def keep_rows(self, lengths: Sequence[int]) -> None:
         """Row b keeps its first ``lengths[b]`` tokens in the cache (at most what it holds)."""
-        rows = self.rows
-        if rows is None:
+        if self.rows is None:
             raise RuntimeError(f"{self.name}: keep_rows needs a shiftable model's cache")
-        if rows.alive is None:
+        if not self.kv.started:
             return  # nothing read yet
-        self._crop_rows(rows.keep(lengths))
-        self._compact()
-
-    def _crop_rows(self, count: int) -> None:
-        if count > 0 and self.rows is not None:
-            crop_cache(self.cache, count)
-            self.rows.crop(count)
-            self.cached = self.rows.width
-            if self.cached == 0 and not self._static:
-                # No columns left, but the layers' empty tensors still have the old batch size,
-                # which a later change of rows would not update (nothing to select or append).
-                self.cache = new_cache(self.model)
-
-    def _compact(self) -> None:
-        rows = self.rows
-        plan = rows.compaction() if rows is not None else None
-        if plan is not None:
-            source, width = plan
-            gather_columns(self.cache, source)
-            self.cached = width
+        self.kv.keep(lengths)
+        self.cached = self.kv.width
 
     def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
         """New rows (``tokens`` (n, L), right-aligned, laid out by ``padding``) join the batch.
         A cache that holds tokens reads all but each new row's newest now, so that the next
         forward feeds them no more than the others; an empty one reads them with the others."""
-        rows = self.rows
-        if rows is None:
+        if self.rows is None:
             raise RuntimeError(f"{self.name}: rows can only join a shiftable model's batch")
         self._leave_static()
-        if rows.alive is None:
+        if not self.kv.started:
             return  # nothing read yet: the first forward reads every row
-        if self.cached == 0:
-            self.cache = new_cache(self.model)  # no tensor of the old batch size stays
-            rows.alive = rows.alive.new_zeros((rows.alive.shape[0] + tokens.shape[0], 0))
-            rows.lengths = [*rows.lengths, *([0] * tokens.shape[0])]
+        if self.cached == 0 or all(tokens.shape[1] - 1 - left <= 0 for left in padding.lefts):
+            # Nothing cached, or one-token prompts: nothing to read before the round.
+            self.kv.add_empty(tokens.shape[0], tokens.device)
             return
-        if all(tokens.shape[1] - 1 - left <= 0 for left in padding.lefts):
-            fresh_rows = RowLayout()  # one-token prompts: nothing to read before the round
-            fresh_rows.start(tokens.shape[0], tokens.device)
-            fresh_rows.pad(self.cached)
-            rows.extend(fresh_rows)
-            append_zero_rows(self.cache, tokens.shape[0])
-            return
-        saved = (self.cache, self.cached, rows)
-        self.cache, self.cached, self.rows = new_cache(self.model), 0, RowLayout()
+        saved = self.kv, self.cached
+        self.kv, self.cached = RowCache(self._new_cache, self.max_context), 0
+        self.kv.reset()
         try:
             self.feed(tokens[:, :-1], padding, keep=1)
-            fresh, fresh_rows = self.cache, self.rows
+            joined = self.kv
         finally:
-            self.cache, self.cached, self.rows = saved
-        width = max(rows.width, fresh_rows.width)
-        pad_columns(self.cache, width - rows.width)
-        rows.pad(width - rows.width)
-        pad_columns(fresh, width - fresh_rows.width)
-        fresh_rows.pad(width - fresh_rows.width)
-        append_rows(self.cache, fresh)
-        rows.extend(fresh_rows)
-        self.cached = width
-
-
-class TargetModel(CausalLM):
-    """The model whose output distribution the engine reproduces.
-
-    Args:
-        hub_id: local directory or hub id; only a label when ``model`` is given.
-        device: device to load onto (or to move ``model`` to, if given).
-        dtype: dtype to load with (or to cast ``model`` to, if given).
-        model: an already-loaded causal LM; nothing is downloaded.
-        tokenizer: the model's tokenizer (loaded from ``hub_id`` when the model is loaded by name,
-            or when ``hub_id`` is a local directory).
-
-    A float32 model on the CPU has its large linear layers tuned in place for verification's
-    few-row products (``flashspec.models.linear``; ``FLASHSPEC_TUNE_LINEAR=0`` leaves them as they
-    are).
-    """
-
-    def __init__(
-        self,
-        hub_id: str | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        model: torch.nn.Module | None = None,
-        tokenizer: Any = None,
-    ) -> None:
-        if model is None:
-            model, loaded_tokenizer = load_pretrained(
-                hub_id, device or "cpu", dtype if dtype is not None else AUTO_DTYPE
-            )
-            tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
-        else:
-            model = place_model(model, device, dtype)
-            if tokenizer is None and hub_id is not None and os.path.isdir(hub_id):
-                tokenizer = _try_tokenizer(hub_id)
-        super().__init__(model, name=hub_id, tokenizer=tokenizer, role="target")
-        tune_linears(self.model)  # verification's few-row products, in the faster form here
-        self._feature_hook: Any = None
-        self._fresh: list[torch.Tensor] = []
-        # Hidden states, by column of the token matrix (column-aligned caches) or, in a cache
-        # whose rows keep their own columns (``rows``), by each row's own token index, which
-        # stays put when the rows' layout in the token matrix moves.
-        self._feature_buffer: torch.Tensor | None = None
-        self._feature_columns = 0  # column-aligned: columns written
-        self._feature_lengths: list[int] = []  # by row: states written per row
-        self._tree_hidden: tuple[torch.Tensor, int] | None = None  # verify_tree's, pending
-
-    def reset(self) -> None:
-        """Start a new generation: empty cache (and no hidden states kept)."""
-        super().reset()
-        self._feature_buffer = None
-        self._feature_columns = 0
-        self._feature_lengths = []
-        self._fresh.clear()
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep only the batch rows in ``index`` (and their hidden states)."""
-        super().select_rows(index)
-        if self._feature_buffer is not None:
-            self._feature_buffer = self._feature_buffer.index_select(0, index)
-            if self._feature_lengths:
-                self._feature_lengths = [self._feature_lengths[i] for i in index.tolist()]
-
-    def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
-        """New rows join the batch (``CausalLM.add_rows``), with the hidden states of what is
-        read of them now."""
-        if self._feature_hook is None:
-            super().add_rows(tokens, padding)
-            return
-        self._fresh.clear()
-        super().add_rows(tokens, padding)
-        rows, width = tokens.shape[0], tokens.shape[1] - 1  # all but each row's newest read
-        hidden = self._take_fresh()
-        if self._feature_buffer is None:
-            return  # nothing kept yet: the next verification reads every row
-        buffer = self._feature_buffer
-        lengths = [0] * rows
-        joined = buffer.new_zeros((rows, 0, buffer.shape[2]))
-        if hidden is not None:
-            lengths = [max(width - left, 0) for left in padding.lefts]
-            joined = buffer.new_zeros((rows, max(lengths), buffer.shape[2]))
-            for row, n in enumerate(lengths):
-                joined[row, :n] = hidden[row, hidden.shape[1] - n :]
-        buffer = self._grown(buffer, joined.shape[1])
-        room = buffer.new_zeros((rows, buffer.shape[1], buffer.shape[2]))
-        room[:, : joined.shape[1]] = joined[:, : buffer.shape[1]]
-        self._feature_buffer = torch.cat([buffer, room])
-        self._feature_lengths = [*self._feature_lengths, *lengths]
-
-    def verify(
-        self,
-        tokens: torch.Tensor,
-        drafts: torch.Tensor,
-        padding: Padding,
-        lengths: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Score the committed tokens the cache lacks (of ``tokens`` (B, L)) plus the drafts in
-        one forward. ``lengths``: drafts each row proposed (``Proposal.lengths``): in the ragged
-        layout the rest are dead columns, not read (None: every draft).
-
-        A stateful target first feeds all but the newest pending token and marks its state
-        there, at a committed column the round can return to.
-
-        Returns:
-            (B, g + 1, V) logits: entry i predicts the token after draft i - 1 (entry 0 follows
-            the last committed token, entry g is the bonus position).
-        """
-        g = drafts.shape[1]
-        tails = None
-        if lengths is not None and self.rows is not None and any(n < g for n in lengths):
-            tails = [g - min(max(n, 0), g) for n in lengths]
-        if self._feature_hook is None:
-            return self._verify(tokens, drafts, padding, tails)
-        self._fresh.clear()
-        if self.rows is None:
-            logits = self._verify(tokens, drafts, padding)
-            self._keep_features(tokens.shape[1] + drafts.shape[1])
-            return logits
-        held = self.rows.lengths or [0] * tokens.shape[0]
-        counts = [tokens.shape[1] - left for left in padding.lefts]  # each row's tokens
-        logits = self._verify(tokens, drafts, padding, tails)
-        self._keep_row_features(counts, held, g, tails)
-        return logits
-
-    def verify_tree(self, tokens: torch.Tensor, padding: Padding, tree: TokenTree) -> torch.Tensor:
-        """``feed_tree`` (the one row's pending committed tokens, then ``tree``'s nodes):
-        (1, N + 1, V) logits, entry 0 after the newest committed token, entry i + 1 after node
-        i. ``keep_path`` commits the accepted nodes (and their hidden states)."""
-        if self._feature_hook is None:
-            return self.feed_tree(tokens, padding, tree)
-        self._fresh.clear()
-        held = self.rows.lengths[0] if self.rows is not None and self.rows.lengths else 0
-        count = tokens.shape[1] - padding.lefts[0]
-        logits = self.feed_tree(tokens, padding, tree)
-        hidden = self._take_fresh()
-        assert hidden is not None
-        self._tree_hidden = (hidden, count - min(held, count))
-        return logits
-
-    def keep_path(self, path: Sequence[int]) -> None:
-        """After ``verify_tree``: keep the nodes ``path``'s columns, and their hidden states
-        after the row's committed ones."""
-        super().keep_path(path)
-        kept, self._tree_hidden = self._tree_hidden, None
-        if kept is None:
-            return
-        hidden, pending = kept  # (1, pending + N, d): the pending committed tokens, the nodes
-        columns = [*range(pending), *(pending + i for i in path)]
-        chosen = hidden[:, torch.tensor(columns, device=hidden.device)]
-        assert self.rows is not None
-        end = self.rows.lengths[0]
-        buffer = self._buffer_for(hidden, end)
-        buffer[:, end - len(columns) : end] = chosen
-        self._feature_lengths = [end]
-
-    def _verify(
-        self,
-        tokens: torch.Tensor,
-        drafts: torch.Tensor,
-        padding: Padding,
-        tails: list[int] | None = None,
-    ) -> torch.Tensor:
-        if self.rows is not None:
-            return self.feed(tokens, padding, drafts, keep=drafts.shape[1] + 1, tails=tails)
-        pending = tokens[:, self.cached :]
-        if self.support.stateful:
-            if pending.shape[1] > 1:
-                self.forward(pending[:, :-1], padding, keep=1)
-                pending = pending[:, -1:]
-            self.mark()
-        tokens = torch.cat([pending, drafts], dim=1) if drafts.shape[1] else pending
-        return self.forward(tokens, padding, keep=drafts.shape[1] + 1)
-
-    # Hidden states for drafters that read them (``flashspec.feature_drafter``).
-
-    @property
-    def tracks_features(self) -> bool:
-        """Whether verification keeps the target's final hidden states (``track_features``)."""
-        return self._feature_hook is not None
-
-    def track_features(self) -> None:
-        """From now on keep the final hidden state (what the LM head reads) at every column
-        verification reads: ``features`` after a round holds it for every committed column but
-        the newest, the columns whose inputs were all committed tokens.
-
-        Raises:
-            UnsupportedModelError: the target keeps recurrent state, or its final norm cannot
-                be found (the message names the model class).
-        """
-        if self._feature_hook is not None:
-            return
-        if self.support.stateful:
-            raise UnsupportedModelError(
-                f"{type(self.model).__name__} keeps recurrent state; a drafter that reads the "
-                "target's hidden states works with attention-only targets. Use a ModelDrafter "
-                "or prompt lookup with this target"
-            )
-        norm = final_norm(self.model)
-        self._feature_hook = norm.register_forward_hook(self._record_features)
-
-    def _record_features(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._fresh.append(output if isinstance(output, torch.Tensor) else output[0])
-
-    def _take_fresh(self) -> torch.Tensor | None:
-        fresh, self._fresh = self._fresh, []
-        if not fresh:
-            return None
-        return fresh[0] if len(fresh) == 1 else torch.cat(fresh, dim=1)
-
-    def _buffer_for(self, hidden: torch.Tensor, end: int) -> torch.Tensor:
-        """The buffer, with room for ``end`` states per row of ``hidden``'s batch."""
-        buffer = self._feature_buffer
-        if buffer is None or buffer.shape[0] != hidden.shape[0]:
-            buffer = hidden.new_zeros((hidden.shape[0], max(2 * end, 64), hidden.shape[2]))
-        self._feature_buffer = buffer = self._grown(buffer, end)
-        return buffer
-
-    @staticmethod
-    def _grown(buffer: torch.Tensor, end: int) -> torch.Tensor:
-        """``buffer`` with room for ``end`` states per row; it doubles, so that a long
-        generation copies its states a logarithmic number of times."""
-        if buffer.shape[1] >= end:
-            return buffer
-        grown = buffer.new_zeros((buffer.shape[0], max(2 * end, 64), buffer.shape[2]))
-        grown[:, : buffer.shape[1]] = buffer
-        return grown
-
-    def _keep_features(self, end: int) -> None:
-        """Column-aligned: verification's forwards read the last columns up to ``end`` (of the
-        committed tokens followed by the drafts); write their states there."""
-        hidden = self._take_fresh()
-        assert hidden is not None
-        buffer = self._buffer_for(hidden, end)
-        buffer[:, end - hidden.shape[1] : end] = hidden
-        self._feature_columns = end
-
-    def _keep_row_features(
-        self, counts: list[int], held: list[int], drafts: int, tails: list[int] | None = None
-    ) -> None:
-        """Rows with their own columns: row b held ``held[b]`` of its ``counts[b]`` tokens, so
-        the forward read its tokens from there on, then its drafts, which end ``tails[b]``
-        columns before the rectangle's right end (``CausalLM.feed``)."""
-        hidden = self._take_fresh()
-        assert hidden is not None
-        tails = tails or [0] * len(counts)
-        ends = [n + drafts - t for n, t in zip(counts, tails, strict=True)]
-        buffer = self._buffer_for(hidden, max(ends))
-        width = hidden.shape[1]
-        for row, (n, h, end, t) in enumerate(zip(counts, held, ends, tails, strict=True)):
-            read = end - min(h, n)
-            buffer[row, end - read : end] = hidden[row, width - t - read : width - t]
-        self._feature_lengths = ends
-
-    def feature_counts(self, padding: Padding) -> list[int] | None:
-        """How many of each row's first tokens have their hidden state kept (at least all its
-        committed tokens but the newest after a round), or None before any."""
-        if self._feature_buffer is None:
-            return None
-        if self.rows is None:
-            return [self._feature_columns - left for left in padding.lefts]
-        return list(self._feature_lengths)
-
-    def gather_features(self, index: torch.Tensor, padding: Padding) -> torch.Tensor:
-        """(B, n, hidden): row b's hidden states at its token indices ``index[b]`` (B, n) (a
-        row's first token has index 0; indices past ``feature_counts`` are not its states)."""
-        buffer = self._feature_buffer
-        if buffer is None:
-            raise RuntimeError(f"{self.name}: no hidden states kept yet (track_features)")
-        if self.rows is None:
-            index = index + torch.tensor(padding.lefts, device=index.device).unsqueeze(1)
-        index = index.clamp(0, buffer.shape[1] - 1)
-        return buffer.gather(1, index.unsqueeze(-1).expand(-1, -1, buffer.shape[2]))
-
-    def commit(self, tokens: torch.Tensor, padding: Padding) -> None:
-        """After a round, hold every committed token of ``tokens`` (B, L) but the newest.
-
-        Ragged layout (``shiftable``): each row keeps its own count (``keep_rows``).
-
-        Attention: a crop. Stateful, fully accepted (``keep``): the verify forward fed exactly
-        those columns, so its state stays. Otherwise the state marked before the forward is
-        restored and the committed columns after it are fed again. ``state_mode`` ``replay``
-        always does the latter; ``check`` also replays one token at a time from the mark and
-        raises if that state differs from the one kept.
-
-        Raises:
-            RuntimeError: in ``check`` mode, a kept state that is not the replayed one.
-        """
-        valid = tokens.shape[1] - 1
-        if self.rows is not None:
-            self.keep_rows([valid - left for left in padding.lefts])
-            return
-        mark = next(iter(self._marks.values()), None)  # verify marks once per round
-        if mark is None or not self.support.stateful:
-            self.rollback(valid)
-            return
-        replay = self.state_mode == "replay" or (
-            self.cached > valid and has_recurrent_state(self.cache)
-        )
-        if replay:
-            self._replay(tokens, padding, mark, step=False, copy=self.state_mode == "check")
-        elif self.cached > valid:
-            crop_cache(self.cache, self.cached - valid)  # conv-only state crops exactly
-            self.cached = valid
-        if self.state_mode == "check":
-            kept = take_snapshot(self.cache, self.cached)
-            self._replay(tokens, padding, mark, step=True, copy=False)
-            difference = state_difference(self.cache, kept)
-            if difference > CHECK_TOLERANCE:
-                raise RuntimeError(
-                    f"{self.name}: the state kept after a round differs from a token-by-token "
-                    f"replay of the committed tokens by {difference:.3g} (relative; tolerance "
-                    f"{CHECK_TOLERANCE}); flashspec's rollback of this model is wrong, please "
-                    "report it"
-                )
-        self._marks.clear()
-        crop_attention(self.cache, 0)
-        trim_conv(self.cache)
-
-    def _replay(
-        self, tokens: torch.Tensor, padding: Padding, mark: Snapshot, *, step: bool, copy: bool
-    ) -> None:
-        """Restore ``mark`` and feed the committed columns after it (one forward, or one per
-        token with ``step``), up to all but the newest."""
-        start = time.perf_counter()
-        valid = tokens.shape[1] - 1
-        if mark.empty:
-            self.cache = new_cache(self.model)
-        else:
-            restore_snapshot(self.cache, mark, self.cached, copy=copy)
-        self.cached = mark.columns
-        chunk = 1 if step else valid - mark.columns
-        for begin in range(mark.columns, valid, max(chunk, 1)):
-            self.forward(tokens[:, begin : begin + chunk], padding, keep=1)
-        if not step:
-            self.replays += 1
-            self.replayed_tokens += valid - mark.columns
-            self.replay_seconds += time.perf_counter() - start
-
-
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
-"""Where HuggingFace decoders keep the norm whose output their LM head reads."""
+            self.kv, self.cached = saved
+        self.kv.join(joined)
+        self.cached = self.kv.width
 
 
 def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -976,80 +517,3 @@ def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
         if parameter.is_floating_point():
             return parameter.dtype
     return torch.float32
-
-
-def final_norm(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose output ``model``'s LM head reads (its decoder's final norm).
-
-    Raises:
-        UnsupportedModelError: none of ``FINAL_NORM_NAMES`` on the decoder.
-    """
-    getter = getattr(model, "get_decoder", None)
-    decoder = getter() if callable(getter) else getattr(model, "model", model)
-    for name in FINAL_NORM_NAMES:
-        module = getattr(decoder, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise UnsupportedModelError(
-        f"{type(model).__name__}: no final norm found on its decoder (looked for "
-        f"{', '.join(FINAL_NORM_NAMES)}), so its hidden states cannot be read for a features "
-        "draft; use a ModelDrafter or prompt lookup with this target"
-    )
-
-
-def place_model(
-    model: torch.nn.Module, device: str | torch.device | None, dtype: str | torch.dtype | None
-) -> torch.nn.Module:
-    """Move/cast ``model`` only where a device or dtype is given."""
-    if device is not None:
-        model = model.to(device)
-    if dtype is not None:
-        model = model.to(resolve_dtype(dtype))
-    return model
-
-
-def _try_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def check_same_vocabulary(target: CausalLM, drafter: CausalLM) -> None:
-    """Refuse a drafter whose vocabulary differs from the target's.
-
-    Raises:
-        ValueError: naming both models, both sizes and what to use instead.
-    """
-    hint = (
-        "a model drafter must use the target's tokenizer and vocabulary; pick a drafter "
-        "from the same "
-        "model family, or use the prompt-lookup drafter, which needs no model"
-    )
-    if drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"drafter {drafter.name!r} has a vocabulary of {drafter.vocab_size} tokens but "
-            f"target {target.name!r} has {target.vocab_size}; {hint}"
-        )
-    both = target.tokenizer is not None and drafter.tokenizer is not None
-    if both and _vocab(target.tokenizer) != _vocab(drafter.tokenizer):
-        raise ValueError(
-            f"drafter {drafter.name!r} and target {target.name!r} have vocabularies of the same "
-            f"size ({target.vocab_size}) but different tokens; {hint}"
-        )
-
-
-def _vocab(tokenizer: Any) -> dict[str, int] | None:
-    get_vocab = getattr(tokenizer, "get_vocab", None)
-    return dict(get_vocab()) if callable(get_vocab) else None
-
-
-def as_id_list(value: int | Sequence[int] | None) -> list[int]:
-    """``None`` -> [], ``5`` -> [5], ``[5, 7]`` -> [5, 7]."""
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
