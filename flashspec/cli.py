@@ -405,7 +405,7 @@ def info() -> dict[str, Any]:
         path = model.locate()
         named[name] = str(path) if path is not None else f"not installed ({model.install})"
     report["named_models"] = named
-    from .loading import bundled_draft
+    from .loading.drafts import bundled_draft
 
     shipped: dict[str, Any] = {}
     for name in NAMED_MODELS:

@@ -204,7 +204,7 @@ class EngineOptions:
         from .config import BanditConfig, FlashSpecConfig, SamplingConfig
         from .drafters import PromptLookupDrafter, load_drafters
         from .engine import SpeculativeEngine
-        from .loading import (
+        from .loading.drafts import (
             bundled_draft,
             bundled_drafter,
             is_shared_head_folder,

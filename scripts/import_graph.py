@@ -8,9 +8,11 @@ deferred import still runs, and a cycle through one only waits for the first cal
 and the dynamic ones whose module is a string in the source (``importlib.import_module``, a
 package's ``lazy_exports`` table, ``bench.commands``' ``COMMANDS``). Only imports under
 ``if TYPE_CHECKING:`` are left out: they never run. ``from pkg import name`` is an edge to the
-submodule ``pkg.name`` when there is one, else to ``pkg`` itself; the implicit import of a
-module's parent packages is not an edge (it would make every package that re-exports a
-submodule a cycle). Standard library only, and nothing under flashspec/ is imported.
+submodule ``pkg.name`` when there is one, else to ``pkg`` itself. Importing ``a.b.c`` runs
+``a.b``'s ``__init__`` first, so it is an edge to each parent package too, except the packages
+the importing module is itself inside: those ran before it did (and counting them would make
+every package that re-exports a submodule a cycle). Standard library only, and nothing under
+flashspec/ is imported.
 """
 
 from __future__ import annotations
@@ -149,10 +151,18 @@ def module_edges(module: str, path: Path, known: set[str], package: str = PACKAG
     edges: list[Edge] = []
 
     def add(target: str, line: int) -> None:
-        edge = Edge(module, target, line)
-        in_package = target == package or target.startswith(package + ".")
-        if in_package and target != module and edge not in edges:
-            edges.append(edge)
+        # Importing ``a.b.c`` runs ``a.b``'s ``__init__`` first (then ``a.b.c``): an edge to
+        # each parent package, except those this module is inside, which ran before it did.
+        parts = target.split(".")
+        for depth in range(1, len(parts) + 1):
+            name = ".".join(parts[:depth])
+            inside = module == name or module.startswith(name + ".")
+            if depth < len(parts) and (inside or name not in known):
+                continue
+            edge = Edge(module, name, line)
+            in_package = name == package or name.startswith(package + ".")
+            if in_package and name != module and edge not in edges:
+                edges.append(edge)
 
     def add_from(base: str, names: Iterable[str], line: int) -> None:
         for name in names:

@@ -72,6 +72,37 @@ def test_deferred_relative_and_lazy_imports_are_edges(graph: ModuleType, tmp_pat
     assert graph.cycles(root) == [["flashspec.a", "flashspec.b", "flashspec.sub.d"]]
 
 
+def test_importing_a_submodule_runs_its_parent_packages_init(
+    graph: ModuleType, tmp_path: Path
+) -> None:
+    # The cycle models -> loading (its __init__) -> loading.drafts -> drafters -> models, which
+    # only the parent package's __init__ closes: models imports loading.pretrained alone.
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "models.py": "from .loading.pretrained import load\n",
+            "loading/__init__.py": "from .pretrained import load\nfrom .drafts import make\n",
+            "loading/helper.py": "",
+            "loading/pretrained.py": "from .helper import x\nimport flashspec.loading.helper\n",
+            "loading/drafts.py": "def make():\n    from ..drafters import Drafter\n",
+            "drafters.py": "from .models import load\n",
+        },
+    )
+    edges = {(e.source, e.target) for e in graph.import_edges(root)}
+    assert ("flashspec.models", "flashspec.loading") in edges
+    assert ("flashspec.models", "flashspec.loading.pretrained") in edges
+    # A module's own packages ran before it: no edge back to them.
+    assert not any(
+        source.startswith("flashspec.loading.") and target in {"flashspec", "flashspec.loading"}
+        for source, target in edges
+    )
+    assert ("flashspec.loading.pretrained", "flashspec.loading.helper") in edges
+    assert graph.cycles(root) == [
+        ["flashspec.drafters", "flashspec.loading", "flashspec.loading.drafts", "flashspec.models"]
+    ]
+
+
 def test_a_cycle_added_on_purpose_is_found(graph: ModuleType, tmp_path: Path) -> None:
     # A copy of the real package, with bench.chat importing bench.engine back in a function.
     def not_python(folder: str, names: list[str]) -> set[str]:  # .pyi: the compiled modules

@@ -14,8 +14,12 @@ from conftest import build_llama
 
 from flashspec import TargetModel
 from flashspec.feature_drafter import FeatureDrafter
-from flashspec.loading import bundled_draft, bundled_drafter, is_shared_head_folder
-from flashspec.loading.drafts import DRAFTS_DIR
+from flashspec.loading.drafts import (
+    DRAFTS_DIR,
+    bundled_draft,
+    bundled_drafter,
+    is_shared_head_folder,
+)
 from flashspec.models import load_pretrained
 from flashspec.options import EngineOptions
 from flashspec.shared_head import CONFIG_FILE, WEIGHTS_FILE, save_shared_head_draft

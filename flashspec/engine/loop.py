@@ -18,7 +18,7 @@ from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temp
 from ..grammar import Grammar
 from ..kv.state import UnsupportedModelError
 from ..legacy import Alias
-from ..loading import bundled_drafter
+from ..loading.drafts import bundled_drafter
 from ..models import (
     DEMO_DRAFT_NAME,
     DEMO_NAME,
