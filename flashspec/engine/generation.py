@@ -10,11 +10,11 @@ import torch
 
 from ..config import SamplingConfig
 from ..grammar.masks import GrammarState
-from ..models import Padding
+from ..models import CausalLM, Padding
 from ..sampling import Warper
 from ..select.rows import RowRates
 from .penalties import Adjuster
-from .results import GenerationStats, TokenLogprob
+from .results import GenerationResult, GenerationStats, TokenLogprob
 
 
 @dataclass
@@ -59,3 +59,29 @@ class Generation:
     grammar: GrammarState | None = None  # the rows' grammar matchers (structured output)
     adjusters: list[Adjuster] = field(default_factory=list)  # this round's logit changes
     row_rates: RowRates = field(default_factory=RowRates)  # per-row acceptance (draft caps)
+
+
+def generation_result(gen: Generation, target: CausalLM) -> GenerationResult:
+    """What ``gen`` returns once its rounds have ended (the target's replay counters too)."""
+    gen.stats.replays = target.replays
+    gen.stats.replayed_tokens = target.replayed_tokens
+    gen.stats.time_replay = target.replay_seconds
+    width = max((len(row.tokens) for row in gen.rows), default=0)
+    output = torch.full((len(gen.rows), width), -1, dtype=torch.int64)
+    for i, row in enumerate(gen.rows):
+        if row.tokens:
+            output[i, : len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.int64)
+    texts = None
+    if gen.decode is not None:
+        if not gen.live_text:
+            for row in gen.rows:
+                row.text = gen.decode(row.tokens)
+        texts = [row.text for row in gen.rows]
+    return GenerationResult(
+        output_ids=output,
+        tokens=[list(row.tokens) for row in gen.rows],
+        texts=texts,
+        finish_reasons=[row.finish or "length" for row in gen.rows],
+        stats=gen.stats,
+        logprobs=None if gen.logprobs is None else [list(row.logprobs) for row in gen.rows],
+    )

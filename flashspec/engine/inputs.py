@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import torch
 
+from .._state import UnsupportedModelError
 from .._validate import is_int
 from ..config import FlashSpecConfig, SamplingConfig
 from ..grammar import Grammar
@@ -281,3 +282,17 @@ def per_row_stops(stop: Stop, rows: int) -> list[tuple[str, ...]]:
             f"got {len(entries)}"
         )
     return [strings(entry) for entry in entries]
+
+
+def refuse_padded_batch(reason: str | None) -> None:
+    """Refuse a generation whose rows differ in length when a model cannot batch them
+    (``reason``: ``SpeculativeEngine.padded_batches``; None: they can).
+
+    Raises:
+        UnsupportedModelError: naming the model, the reason and what to do instead.
+    """
+    if reason is not None:
+        raise UnsupportedModelError(
+            f"rows of different lengths cannot share a batch here ({reason}); generate "
+            "them one at a time, or in batches of prompts of equal length"
+        )
