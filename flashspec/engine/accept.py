@@ -13,10 +13,12 @@ from .generation import Generation
 
 def accept(gen: Generation, logits: torch.Tensor, proposal: Proposal) -> Acceptance:
     """Accept or reject the round's drafts against the target's ``logits`` (B, g + 1, V) by
-    the generation's method, after this round's logit changes."""
+    the live rows' method, after this round's logit changes."""
     sampling = gen.sampling
-    generator = gen.generator
-    method = sampling.resolved_method
+    generator = gen.random()
+    # Per round, from the live rows: greedy rows beside sampled ones are point masses
+    # (RowWarper), which both sampling rules accept exactly.
+    method = "greedy" if gen.warper.greedy else "typical" if gen.typical else "rejection"
     for adjuster in gen.adjusters:
         logits = adjuster.target(logits, proposal.tokens)
     ragged = gen.ragged

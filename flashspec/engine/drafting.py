@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from ..drafters import DraftContext, Drafter, Proposal, with_temperature
 from ..profiling import span
+from ..sampling import RowWarper
 from ..select.policy import Choice, Policy, ThroughputPolicy
 from ..trees.tree import TokenTree
 from .generation import Generation
 from .penalties import draft_adjust
+from .stopping import row_room
 from .tree_round import paying_prefix, tree_shape
 
 if TYPE_CHECKING:
@@ -35,7 +37,17 @@ def row_caps(
     # sampled generation, ``BanditConfig.seeded``): then from acceptance alone.
     model = policy.model if follow and isinstance(policy, ThroughputPolicy) else None
     share = None if model is None else model.verify_share(rows)
-    return gen.row_rates.caps(gen.live, drafter, choice.gamma, share or 0.0)
+    caps = gen.row_rates.caps(gen.live, drafter, choice.gamma, share or 0.0)
+    if follow:
+        return caps
+    # A row seeded on its own drafts what it would alone: the fixed arm's length cut by its
+    # own room only, so that neither its draws nor its output depend on the rows beside it.
+    width = gen.tokens.shape[1]
+    for position, own in enumerate(gen.own_seeded()):
+        if own:
+            index, left = gen.live[position], gen.padding.lefts[position]
+            caps[position] = min(choice.gamma, row_room(gen, index, width - left) - 1)
+    return caps
 
 
 def draft(
@@ -94,7 +106,7 @@ def draft_tree(
         return None, setup
     # Shape by cost: the nodes whose expected tokens pay for their verification; not from
     # measured times when the random draws must not follow them (as the round chooses).
-    follow = gen.warper.greedy or not gen.seeded or engine.config.bandit.seeded == "follow"
+    follow = not gen.seeded_sampling() or engine.config.bandit.seeded == "follow"
     model = engine.policy.model if isinstance(engine.policy, ThroughputPolicy) else None
     if model is not None and follow:
         drafted = time.perf_counter() - began - setup
@@ -106,12 +118,17 @@ def draft_context(
     engine: SpeculativeEngine, gen: Generation, drafter: Drafter, caps: list[int] | None = None
 ) -> DraftContext:
     """What ``drafter`` sees of ``gen`` this round (rows capped at ``caps``)."""
-    warper = gen.warper if gen.warper.greedy else with_temperature(gen.warper, drafter.temperature)
+    warper = gen.warper
+    if not warper.greedy and drafter.temperature is not None:
+        if isinstance(warper, RowWarper):
+            warper = warper.with_temperature(drafter.temperature)
+        else:
+            warper = with_temperature(warper, drafter.temperature)
     return DraftContext(
         tokens=gen.tokens,
         padding=gen.padding,
         warper=warper,
-        generator=gen.generator,
+        generator=gen.random(caps),
         confidence_threshold=gen.sampling.confidence_threshold,
         residual=gen.sampling.residual,
         adjust=draft_adjust(gen.adjusters),

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._validate import is_int
+from ..config import SamplingConfig
 from ..models import Padding
 from .generation import Generation, Row
 from .inputs import Stop, per_row_stops, tokenize
+from .row_sampling import join_sampling
 
 if TYPE_CHECKING:
     from .loop import SpeculativeEngine
@@ -24,8 +26,11 @@ def join(
     prompt: str | Sequence[int],
     max_new_tokens: int,
     stop: Stop,
+    sampling: SamplingConfig | None = None,
+    seed: int | None = None,
 ) -> int:
-    """``TokenStream.join``: check the row and queue it for the next round."""
+    """``TokenStream.join``: check the row and queue it for the next round, with its own
+    sampling settings (``row_sampling.join_sampling``)."""
     if not engine.shiftable:
         raise RuntimeError(
             f"rows cannot join a running generation of {engine.target.name!r}: a cache of "
@@ -54,12 +59,14 @@ def join(
             f"the prompt has {len(row)} tokens but the target's context limit is "
             f"{gen.limit}, leaving no room to generate; shorten the prompt"
         )
+    settings = join_sampling(gen, sampling, seed)
     index = len(gen.rows)
     if gen.grammar is not None:
         gen.grammar.add_rows([index])  # the generation's grammar binds every row
     gen.rows.append(Row())
     gen.max_new_tokens.append(max_new_tokens)
     gen.stops.extend(stops)
+    gen.row_sampling.append(settings)
     gen.joining.append((index, list(row)))
     return index
 

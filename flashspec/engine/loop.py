@@ -225,8 +225,8 @@ class SpeculativeEngine:
         eos_token_id: int | Sequence[int] | None = None,
         ignore_eos: bool = False,
         stop: Stop = None,
-        seed: int | None = None,
-        sampling: SamplingConfig | None = None,
+        seed: int | Sequence[int | None] | None = None,
+        sampling: SamplingConfig | Sequence[SamplingConfig | None] | None = None,
         logprobs: int | None = None,
         grammar: Grammar | None = None,
     ) -> GenerationResult:
@@ -244,10 +244,16 @@ class SpeculativeEngine:
                 matches across round boundaries. Output keeps the stop string. A string or a
                 list of strings applies to every row; a list of ``None``/string/list items, one
                 per row, gives each row its own (e.g. ``[["\n\n"], None]``).
-            seed: seed for this call (default ``config.sampling.seed``).
+            seed: seed for this call (default ``config.sampling.seed``): one int seeds the
+                generator the rows share (the batch is one reproducible stream; a single
+                prompt's row draws from it alone); a list, one per row (None items
+                unseeded), gives each row a generator of its own: its output then does not
+                depend on the rows beside it (``flashspec.engine.row_sampling``).
             sampling: settings for this call instead of ``config.sampling`` (temperature,
                 top-k/top-p, penalties, logit bias, method, gamma...), e.g. one per request in
-                a server.
+                a server; or a list, one per prompt row (None items: ``config.sampling``),
+                whose rows differ in temperature, top_k, top_p and seed only (each row with
+                a ``seed`` draws from its own generator) and still share every round.
             logprobs: report the target's log-probability of every emitted token
                 (``result.logprobs``, ``StreamChunk.logprobs``) and of its ``logprobs`` most
                 likely alternatives (0 to 20); None (the default): none.
@@ -292,8 +298,8 @@ class SpeculativeEngine:
         eos_token_id: int | Sequence[int] | None = None,
         ignore_eos: bool = False,
         stop: Stop = None,
-        seed: int | None = None,
-        sampling: SamplingConfig | None = None,
+        seed: int | Sequence[int | None] | None = None,
+        sampling: SamplingConfig | Sequence[SamplingConfig | None] | None = None,
         logprobs: int | None = None,
         grammar: Grammar | None = None,
     ) -> TokenStream:
@@ -305,7 +311,6 @@ class SpeculativeEngine:
         generation = prepare(
             self.target,
             self.config,
-            self.warper,
             prompt,
             max_new_tokens,
             input_ids,
@@ -325,7 +330,9 @@ class SpeculativeEngine:
         return TokenStream(
             self._run(generation),
             generation,
-            lambda prompt, limit, stop: join(self, generation, prompt, limit, stop),
+            lambda prompt, limit, stop, sampling, seed: join(
+                self, generation, prompt, limit, stop, sampling, seed
+            ),
         )
 
     def prompt_logprobs(self, prompt_ids: Sequence[int], top: int = 0) -> list[TokenLogprob]:
@@ -450,6 +457,7 @@ class SpeculativeEngine:
 
     def _round(self, gen: Generation) -> list[StreamChunk]:
         room, rows = round_room(gen), len(gen.live)
+        gen.warper = gen.round_warper()
         gen.adjusters = round_adjusters(gen, self.target.vocab_size)
         if self.before_round:
             view = RoundView(self, gen, room)
@@ -460,9 +468,9 @@ class SpeculativeEngine:
 
         # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
         policy = self.policy
-        # A seeded sampled generation keeps the first arm (BanditConfig.seeded): a policy's
-        # choices follow measured times, and with them which random draws a round takes.
-        follow = gen.warper.greedy or not gen.seeded or self.config.bandit.seeded == "follow"
+        # A seeded sampled row keeps the batch on the first arm (BanditConfig.seeded): a
+        # policy's choices follow measured times, and with them which random draws a round takes.
+        follow = not gen.seeded_sampling() or self.config.bandit.seeded == "follow"
         if self.batch_policy is not None and rows > 1 and follow:
             policy = self.batch_policy
         choice = policy.choose(
