@@ -18,9 +18,9 @@ One round, each step in one place (``SpeculativeEngine._round`` in ``loop``):
 
 Modules: ``loop`` (the engine and the round), ``build`` (an engine from names; the compiled
 path), ``drafting``, ``accept`` and ``commit`` (those steps of a round), ``joins`` (rows entering
-and leaving the batch), ``hooks`` (``RoundView``), ``inputs`` (prompts, per-row limits),
-``generation`` (the state of a running generation), ``stopping``, ``results`` (stats, result,
-stream).
+and leaving the batch), ``hooks`` (``RoundView``), ``row_sampling`` (each row's temperature,
+top-k, top-p and seed), ``inputs`` (prompts, per-row limits), ``generation`` (the state of a
+running generation), ``stopping``, ``results`` (stats, result, stream).
 
 Batches are ragged (``FlashSpecConfig.batching="ragged"``, the default). Each round every live
 row emits its own accepted drafts and then its own replacement token (residual, argmax or

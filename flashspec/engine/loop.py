@@ -245,15 +245,13 @@ class SpeculativeEngine:
                 list of strings applies to every row; a list of ``None``/string/list items, one
                 per row, gives each row its own (e.g. ``[["\n\n"], None]``).
             seed: seed for this call (default ``config.sampling.seed``): one int seeds the
-                generator the rows share (the batch is one reproducible stream; a single
-                prompt's row draws from it alone); a list, one per row (None items
-                unseeded), gives each row a generator of its own: its output then does not
-                depend on the rows beside it (``flashspec.engine.row_sampling``).
+                generator the rows share (one reproducible stream); a list, one per row (None:
+                unseeded), gives each row a generator of its own, its output then independent
+                of the rows beside it (``flashspec.engine.row_sampling``).
             sampling: settings for this call instead of ``config.sampling`` (temperature,
-                top-k/top-p, penalties, logit bias, method, gamma...), e.g. one per request in
-                a server; or a list, one per prompt row (None items: ``config.sampling``),
-                whose rows differ in temperature, top_k, top_p and seed only (each row with
-                a ``seed`` draws from its own generator) and still share every round.
+                top-k/top-p, penalties, logit bias, method, gamma...); or a list, one per row
+                (None: ``config.sampling``), differing in temperature, top_k, top_p and seed
+                only (a row's ``seed`` seeds a generator of its own).
             logprobs: report the target's log-probability of every emitted token
                 (``result.logprobs``, ``StreamChunk.logprobs``) and of its ``logprobs`` most
                 likely alternatives (0 to 20); None (the default): none.
