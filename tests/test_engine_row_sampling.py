@@ -67,10 +67,11 @@ def configs(rows: int) -> list[SamplingConfig]:
 
 
 def counts_by_setting(
-    spec: SpeculativeEngine, rows: int, calls: int
+    spec: SpeculativeEngine, rows: int, calls: int, own_seeds: bool = False
 ) -> tuple[dict[int, tuple[Counter[int], Counter[int]]], list[list[int]]]:
     """Per setting index, the counts of the first and second tokens of its rows over ``calls``
-    streams of ``rows`` rows (settings in turn); and every greedy row's first two tokens."""
+    streams of ``rows`` rows (settings in turn); and every greedy row's first two tokens.
+    ``own_seeds``: every row seeded on its own (``RowRandom``), else one seed per call."""
     counts = {i: (Counter[int](), Counter[int]()) for i in range(len(SETTINGS))}
     greedy: list[list[int]] = []
     for call in range(calls):
@@ -79,7 +80,7 @@ def counts_by_setting(
             max_new_tokens=GAMMA + 1,
             ignore_eos=True,
             sampling=configs(rows),
-            seed=1000 + call,
+            seed=[call * rows + b for b in range(rows)] if own_seeds else 1000 + call,
         )
         out: list[list[int]] = [[] for _ in range(rows)]
         for chunk in stream:
@@ -129,11 +130,12 @@ def hf_greedy(prompt: list[int], new: int) -> list[int]:
     return [int(t) for t in out[0, len(prompt) :]]
 
 
-def test_each_row_follows_its_own_settings() -> None:
+@pytest.mark.parametrize("own_seeds", [False, True], ids=["shared-seed", "own-seeds"])
+def test_each_row_follows_its_own_settings(own_seeds: bool) -> None:
     """Rows of four settings in every batch (a greedy one among them): each sampled setting's
     first and second tokens follow that setting's target distribution, and the greedy rows
-    are the target's argmax."""
-    counts, greedy = counts_by_setting(engine(), rows=40, calls=50)
+    are the target's argmax; with one generator for the batch and with one per row."""
+    counts, greedy = counts_by_setting(engine(), rows=40, calls=50, own_seeds=own_seeds)
     assert not failures(counts), failures(counts)
     want = hf_greedy(PROMPT, 2)
     assert all(tokens == want for tokens in greedy)
