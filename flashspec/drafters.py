@@ -19,6 +19,7 @@ import torch
 from ._validate import is_int
 from .config import AUTO_DTYPE, ResidualBackend
 from .models import CausalLM, Padding, TargetModel, load_pretrained, place_model
+from .row_random import RowRandom
 from .sampling import Warper, draft_sample
 from .trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape
 
@@ -33,7 +34,7 @@ class DraftContext:
         tokens: (B, L) committed tokens, left padded.
         padding: where each row's real tokens start.
         warper: the sampling warp (the engine's, or the drafter's own temperature).
-        generator: random source for sampled drafts.
+        generator: random source for sampled drafts (``RowRandom``: each row's own).
         confidence_threshold: stop drafting once a row's top probability falls below this.
         residual: sampling backend (``SamplingConfig.residual``), also used for drafting.
         adjust: the generation's penalties for a draft step's (B, V) logits, given the round's
@@ -48,7 +49,7 @@ class DraftContext:
     tokens: torch.Tensor
     padding: Padding
     warper: Warper
-    generator: torch.Generator | None
+    generator: torch.Generator | RowRandom | None
     confidence_threshold: float | None = None
     residual: ResidualBackend = "auto"
     adjust: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] | None = None

@@ -14,9 +14,10 @@ accepted draft m. The functions stay on the device; the engine reads the result 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -26,6 +27,7 @@ import torch
 
 from .config import ResidualBackend
 from .profiling import spanned
+from .row_random import RowRandom, uniforms
 
 _NativeSample = Callable[
     [npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float64]], Any
@@ -90,6 +92,89 @@ class Warper:
         return self.logits(logits).softmax(dim=-1)
 
 
+@dataclass(frozen=True)
+class RowWarper(Warper):
+    """The warp of a batch whose rows sample with their own settings: row b's temperature,
+    top-k and top-p (``temperatures[b]``, ``top_ks[b]``, ``top_ps[b]``) applied to all of
+    its positions at once, as (B, 1) columns, so the batch still warps in one pass (one cut
+    per distinct top-k). Row b's result is what ``Warper(temperatures[b], top_ks[b],
+    top_ps[b])`` gives it, operation for operation, so a row's draws never depend on the
+    settings beside it. The fields of ``Warper`` are unused.
+
+    A row of temperature 0 decodes greedily: its probabilities are a point mass on the argmax
+    (the first maximum, as ``accept_greedy``'s). Rejection sampling against a point mass
+    accepts exactly the drafts equal to the argmax and otherwise emits the argmax (the residual
+    and the bonus are that point mass), so a greedy row's output is the target's greedy
+    output beside sampled rows as well.
+    """
+
+    temperatures: tuple[float, ...] = ()
+    top_ks: tuple[int, ...] = ()
+    top_ps: tuple[float, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        """True when every row decodes greedily."""
+        return all(t == 0 for t in self.temperatures)
+
+    def with_temperature(self, temperature: float) -> RowWarper:
+        """Every row at ``temperature`` (a drafter's own), each keeping its top-k and top-p."""
+        return dataclasses.replace(self, temperatures=(temperature,) * len(self.temperatures))
+
+    @staticmethod
+    def _column(values: Sequence[float], x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Per-row ``values`` shaped (B, 1, ..., 1) to broadcast over ``x``."""
+        shape = (len(values), *([1] * (x.dim() - 1)))
+        return torch.tensor(values, dtype=dtype, device=x.device).view(shape)
+
+    def logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped float32 logits (B, ..., V), each row by its own settings (``Warper.logits``;
+        temperature 0 is treated as 1)."""
+        x = logits.float()
+        temperatures = self.temperatures
+        if any(0.0 < t < _F32_TINY for t in temperatures):
+            # Below the smallest normal float32 a temperature needs the stepwise scaling;
+            # such rows are rare enough to take one at a time.
+            rows = [
+                _divide_by_temperature(x[b : b + 1], t) if t not in (0.0, 1.0) else x[b : b + 1]
+                for b, t in enumerate(temperatures)
+            ]
+            x = torch.cat(rows)
+        elif any(t not in (0.0, 1.0) for t in temperatures):
+            # As _divide_by_temperature: rows below 1 are shifted by their maximum first.
+            if any(t < 1.0 for t in temperatures):
+                low = self._column([0.0 < t < 1.0 for t in temperatures], x, torch.bool)
+                x = torch.where(low, x - x.amax(dim=-1, keepdim=True), x)
+            divisors = [1.0 if t == 0.0 else t for t in temperatures]
+            x = x / self._column(divisors, x, torch.float32)
+        vocab = x.shape[-1]
+        ks = sorted({k for k in self.top_ks if 0 < k < vocab})
+        if ks:
+            kth = torch.full((*x.shape[:-1], 1), float("-inf"), device=x.device)
+            for k in ks:
+                chosen = self._column([r == k for r in self.top_ks], x, torch.bool)
+                kth = torch.where(chosen, _kth_largest(x, k).to(x.device), kth)
+            x = x.masked_fill(x < kth, float("-inf"))
+        if any(p < 1.0 for p in self.top_ps):
+            top_p = self._column(self.top_ps, x, torch.float64).expand(*x.shape[:-1], 1)
+            cut = _top_p_threshold(x, top_p).to(x.device)
+            cut = torch.where(top_p < 1.0, cut, float("-inf"))
+            x = x.masked_fill(x < cut, float("-inf"))
+        return x
+
+    @spanned("warp")
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped float32 probabilities over the last dimension; a point mass on the argmax
+        for rows of temperature 0."""
+        p = self.logits(logits).softmax(dim=-1)
+        greedy = [t == 0 for t in self.temperatures]
+        if any(greedy):
+            best = logits.max(dim=-1).indices.unsqueeze(-1)
+            point = torch.zeros_like(p).scatter_(-1, best, 1.0)
+            p = torch.where(self._column(greedy, p, torch.bool), point, p)
+        return p
+
+
 # The smallest positive normal float32: a temperature below it has no float32 value (it would
 # round to a subnormal or to 0, and x / 0 is NaN at the row's maximum).
 _F32_TINY = float(torch.finfo(torch.float32).tiny)
@@ -136,13 +221,26 @@ def _sorted_values(x: torch.Tensor) -> torch.Tensor:
     return torch.sort(x, dim=-1).values
 
 
-def _top_p_threshold_sorted(x: torch.Tensor, top_p: float) -> torch.Tensor:
+TopP = float | torch.Tensor
+"""One top-p for every row, or a float64 tensor of shape (..., 1) with one per row of the
+logits (a batch whose rows sample with their own settings, ``RowWarper``)."""
+
+
+def _tail_limit(top_p: TopP) -> float | torch.Tensor:
+    """1 - top_p as the comparison with float32 running sums sees it: a Python float is cast
+    to float32 there, so per-row values are computed in float64 and cast the same way."""
+    if isinstance(top_p, torch.Tensor):
+        return (1.0 - top_p).to(torch.float32)
+    return 1.0 - top_p
+
+
+def _top_p_threshold_sorted(x: torch.Tensor, top_p: TopP) -> torch.Tensor:
     """The first value top-p keeps in each row, shape (..., 1), by HF's computation: the
     softmax of the ascending row, its running sum, the tail within 1 - top_p dropped. Only
     the sorted values are needed: the tokens kept are those at or above that value."""
     ascending = _sorted_values(x)
     tail_mass = ascending.softmax(dim=-1).cumsum(dim=-1)
-    dropped = (tail_mass <= 1.0 - top_p).sum(dim=-1, keepdim=True)
+    dropped = (tail_mass <= _tail_limit(top_p)).sum(dim=-1, keepdim=True)
     return ascending.gather(-1, dropped.clamp_max(x.shape[-1] - 1))
 
 
@@ -150,7 +248,7 @@ TOP_P_PARTIAL_VOCAB = 4096
 """From this vocabulary size a CPU row's top-p cut sorts only the tokens that can be kept."""
 
 
-def _top_p_threshold(x: torch.Tensor, top_p: float) -> torch.Tensor:
+def _top_p_threshold(x: torch.Tensor, top_p: TopP) -> torch.Tensor:
     """``_top_p_threshold_sorted`` without sorting the whole vocabulary, on the CPU.
 
     A token whose probability is at most (1 - top_p) / V is always dropped: all such tokens
@@ -168,14 +266,20 @@ def _top_p_threshold(x: torch.Tensor, top_p: float) -> torch.Tensor:
     flat = x.detach().reshape(-1, vocab).contiguous()
     values = flat.numpy()
     probs = flat.softmax(dim=-1).numpy()
-    bound = (1.0 - top_p) / vocab
-    limit = np.float32(1.0 - top_p)
-    out = np.empty((flat.shape[0], 1), dtype=np.float32)
-    for row in range(flat.shape[0]):
+    rows = flat.shape[0]
+    per_row = (
+        top_p.expand(*x.shape[:-1], 1).reshape(-1).tolist()
+        if isinstance(top_p, torch.Tensor)
+        else [top_p] * rows
+    )
+    out = np.empty((rows, 1), dtype=np.float32)
+    for row in range(rows):
+        bound = (1.0 - per_row[row]) / vocab
+        limit = np.float32(1.0 - per_row[row])
         candidate = probs[row] > bound
         count = int(np.count_nonzero(candidate))
         if count > vocab // 8:
-            out[row] = _top_p_threshold_sorted(flat[row : row + 1], top_p).numpy()[0]
+            out[row] = _top_p_threshold_sorted(flat[row : row + 1], per_row[row]).numpy()[0]
             continue
         order = np.argsort(values[row][candidate], kind="stable")
         kept_values = values[row][candidate][order]
@@ -363,7 +467,7 @@ def accept_rejection(
     p: torch.Tensor,
     q: torch.Tensor | None,
     drafts: torch.Tensor,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowRandom | None,
     backend: ResidualBackend = "auto",
     *,
     ragged: bool = False,
@@ -385,7 +489,12 @@ def accept_rejection(
             whose run reaches its length draws the bonus token there from p, as at g.
     """
     batch, g = drafts.shape
-    u = torch.rand((batch, g + 1), generator=generator, device=p.device, dtype=torch.float64)
+    # A row drawing from its own generator takes one uniform per draft it proposed (a host
+    # read of ``lengths``, which the engine made from a list).
+    proposed = (
+        lengths.tolist() if isinstance(generator, RowRandom) and lengths is not None else None
+    )
+    u = uniforms(generator, batch, g + 1, p.device, proposed)
     p_draft = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
     if q is None:
         ok = u[:, :g] < p_draft  # q(d) = 1
@@ -423,7 +532,7 @@ def accept_rejection(
 def accept_typical(
     p: torch.Tensor,
     drafts: torch.Tensor,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowRandom | None,
     epsilon: float,
     delta: float,
     *,
@@ -442,7 +551,7 @@ def accept_typical(
     ok = _within(p_draft > threshold, lengths)
     accepted = _leading_run(ok)
     m = _emit_position(accepted, ragged)
-    u = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
+    u = uniforms(generator, batch, 1, p.device, [0] * batch)[:, 0]
     fresh = sample_inverse_cdf(_at(p, m), u)
     if g == 0:
         return Acceptance(accepted=accepted, token=fresh, probability=ok.double())
@@ -455,14 +564,21 @@ def accept_typical(
 
 @spanned("sample")
 def draft_sample(
-    probs: torch.Tensor, generator: torch.Generator | None, backend: ResidualBackend = "auto"
+    probs: torch.Tensor,
+    generator: torch.Generator | RowRandom | None,
+    backend: ResidualBackend = "auto",
 ) -> torch.Tensor:
     """One token per row from (B, V) probabilities, by inverse CDF.
 
     On CPU float32 this goes through the native kernel too (the residual of p against q = 0 is
     p itself): one C call instead of several small torch ops, a few times faster per draft.
     """
-    u = torch.rand((probs.shape[0],), generator=generator, device=probs.device, dtype=torch.float64)
+    if isinstance(generator, RowRandom):
+        u = generator.draft_uniforms(probs.device)
+    else:
+        u = torch.rand(
+            (probs.shape[0],), generator=generator, device=probs.device, dtype=torch.float64
+        )
     if backend == "torch" or probs.device.type != "cpu" or probs.dtype != torch.float32:
         return sample_inverse_cdf(probs, u)
     return residual_sample(probs, _zeros_like(probs), u, backend)

@@ -126,7 +126,7 @@ def test_raw_logit_q_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
         unwarped = q.clamp_min(1e-3) ** 0.7  # undo temperature 0.7 (roughly), as raw logits would
         return real(p, unwarped / unwarped.sum(-1, keepdim=True), *args, **kwargs)
 
-    monkeypatch.setattr("flashspec.engine.loop.accept_rejection", raw_q)
+    monkeypatch.setattr("flashspec.engine.accept.accept_rejection", raw_q)
     engine = engine_for(4, 0.7, 0.9)
     first, _ = sample_two(engine, 3000, 50, seed=9)
     stat, critical = chi_squared(first, exact(0.7, 0.9)[0])

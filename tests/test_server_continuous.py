@@ -64,8 +64,8 @@ class Recorder:
             record: dict[str, Any] = {
                 "prompts": [list(p) for p in prompts],
                 "joined": [],
-                "seed": kwargs.get("seed"),
-                "temperature": kwargs["sampling"].temperature,
+                "seeds": list(kwargs["seed"]),
+                "temperatures": [s.temperature for s in kwargs["sampling"]],
             }
             self.streams.append(record)
             return RecordingStream(original(prompts, *args, **kwargs), record)
@@ -97,6 +97,8 @@ class RecordingStream:
     def join(self, prompt: list[int], max_new_tokens: int, **kwargs: Any) -> int:
         row = int(self._stream.join(prompt, max_new_tokens, **kwargs))
         self._record["joined"].append(list(prompt))
+        self._record["seeds"].append(kwargs.get("seed"))
+        self._record["temperatures"].append(kwargs["sampling"].temperature)
         return row
 
     def cancel(self, row: int) -> None:
@@ -342,33 +344,38 @@ def test_a_row_cancelled_on_its_way_into_the_stream_leaves(
 # ------------------------------------------------ 4. sampling groups; fairness; seeded runs
 
 
-def test_only_equal_sampling_settings_share_a_stream_and_the_oldest_goes_first() -> None:
-    """Requests differing only in temperature never share a stream. While a long T=0.7
-    request runs, another T=0.7 joins it; a T=0.9 one then waits for a stream of its own, and
-    a T=0.7 one sent after it does not overtake it by joining (the fairness rule)."""
+def test_other_temperatures_share_a_stream_and_other_penalties_wait_their_turn() -> None:
+    """Requests that differ in temperature, top_p and top_k join one stream: while a long
+    T=0.7 request runs, a greedy, a T=1.3 and a top_p=0.5 request join it. A request with
+    another presence penalty (a setting a stream's rows share) then waits for a stream of its
+    own, and a T=0.9 one sent after it does not overtake it by joining (the fairness rule)."""
     served, recorder = served_with_recorder(ROUND_PAUSE_S, batching="continuous")
     server = served.server
 
     # top_k 1 makes sampling pick the argmax: outputs are fixed, so the long one stays long.
-    def body(temperature: float, prompt: str, max_tokens: int) -> dict[str, Any]:
-        return {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "top_k": 1}
+    def body(prompt: str, max_tokens: int, **settings: Any) -> dict[str, Any]:
+        return {"prompt": prompt, "max_tokens": max_tokens, "top_k": 1, **settings}
 
     order: list[str] = []
     try:
-        connection, response = open_stream(server, body(0.7, LONG_PROMPT, 200))
+        connection, response = open_stream(server, body(LONG_PROMPT, 200, temperature=0.7))
         assert response.readline().startswith(b"data: ")
         with ThreadPoolExecutor(3) as pool:
 
-            def send(name: str, temperature: float) -> None:
-                completion(server, body(temperature, "abc", 4))
+            def send(name: str, **settings: Any) -> None:
+                completion(server, body("abc", 4, **settings))
                 order.append(name)
 
-            joiner = pool.submit(send, "joiner", 0.7)
-            joiner.result(60)  # answered while the long one runs: it joined
-            assert wait_for(lambda: metric(server, "flashspec_running_rows") == 1)
-            other = pool.submit(send, "other", 0.9)
+            for name, settings in (
+                ("greedy", {"temperature": 0}),
+                ("hot", {"temperature": 1.3, "top_k": 0}),
+                ("nucleus", {"temperature": 1.0, "top_p": 0.5, "top_k": 0}),
+            ):
+                pool.submit(send, name, **settings).result(60)  # joined: answered meanwhile
+                assert wait_for(lambda: metric(server, "flashspec_running_rows") == 1)
+            other = pool.submit(send, "penalized", temperature=0.7, presence_penalty=1.0)
             assert wait_for(lambda: metric(server, "flashspec_queue_depth") == 1)
-            late = pool.submit(send, "late", 0.7)
+            late = pool.submit(send, "late", temperature=0.9)
             assert wait_for(lambda: metric(server, "flashspec_queue_depth") == 2)
             _, finish = read_stream(response)
             other.result(60)
@@ -377,11 +384,11 @@ def test_only_equal_sampling_settings_share_a_stream_and_the_oldest_goes_first()
     finally:
         server.stop()
     assert finish == "length"
-    assert order == ["joiner", "other", "late"]
-    assert [(s["temperature"], len(s["prompts"]), len(s["joined"])) for s in recorder.streams] == [
-        (0.7, 1, 1),
-        (0.9, 1, 0),
-        (0.7, 1, 0),
+    assert order == ["greedy", "hot", "nucleus", "penalized", "late"]
+    assert [(s["temperatures"], len(s["joined"])) for s in recorder.streams] == [
+        ([0.7, 0.0, 1.3, 1.0], 3),
+        ([0.7], 0),
+        ([0.9], 0),
     ]
 
 
@@ -390,8 +397,8 @@ NOISE = ("abc", "zzzz", "1+1=", "(((", "a", "while true:")
 
 
 def seeded_runs(prompt: str | list[str]) -> tuple[list[list[str]], Recorder]:
-    """The texts of one seeded request sent alone, amid unseeded requests of the same
-    temperature (max_batch 2, so those join one another), and alone again."""
+    """The texts of one seeded request sent alone, amid unseeded requests of other
+    temperatures (max_batch 2, so rows join one another's streams), and alone again."""
     served, recorder = served_with_recorder(batching="continuous", max_batch=2)
     server = served.server
     body = {**SEEDED, "prompt": prompt}
@@ -403,7 +410,12 @@ def seeded_runs(prompt: str | list[str]) -> tuple[list[list[str]], Recorder]:
         alone = texts(completion(server, body))
         with ThreadPoolExecutor(len(NOISE) + 1) as pool:
             noise = [
-                pool.submit(completion, server, {"prompt": p, "max_tokens": 12}) for p in NOISE
+                pool.submit(
+                    completion,
+                    server,
+                    {"prompt": p, "max_tokens": 12, "temperature": 0.5 + 0.2 * i},
+                )
+                for i, p in enumerate(NOISE)
             ]
             amid = texts(pool.submit(completion, server, body).result(60))
             for future in noise:
@@ -411,30 +423,30 @@ def seeded_runs(prompt: str | list[str]) -> tuple[list[list[str]], Recorder]:
         again = texts(completion(server, body))
     finally:
         server.stop()
-    assert any(s["joined"] for s in recorder.streams if s["seed"] is None)
+    assert any(s["joined"] for s in recorder.streams)
     return [alone, amid, again], recorder
 
 
-def test_seeded_requests_run_alone_and_reproduce_beside_joining_traffic() -> None:
-    """A seeded request gives the same completion alone and amid unseeded requests of the
-    same temperature that join one another; nothing joins its stream."""
+def shared_with_others(recorder: Recorder) -> bool:
+    """Whether a seeded row ran in one stream with a row of another temperature."""
+    return any(1234 in s["seeds"] and len(set(s["temperatures"])) > 1 for s in recorder.streams)
+
+
+def test_a_seeded_request_reproduces_beside_rows_of_other_settings() -> None:
+    """A seeded request gives the same completion alone, sharing a stream with unseeded
+    requests of other temperatures, and alone again."""
     runs, recorder = seeded_runs("def f(x):")
     assert runs[0] == runs[1] == runs[2]
-    seeded = [s for s in recorder.streams if s["seed"] == 1234]
-    assert [(len(s["prompts"]), s["joined"]) for s in seeded] == [(1, [])] * 3
-
-
-def test_a_seeded_request_of_several_prompts_is_split_the_same_way_each_time() -> None:
-    """Three seeded prompts with max_batch 2: two rows, then one, every time; the third never
-    joins the first stream, which would depend on other requests' timing."""
-    _, recorder = seeded_runs(["def f(x):", "class a:", "import os"])
-    seeded = [s for s in recorder.streams if s["seed"] == 1234]
-    assert [(len(s["prompts"]), s["joined"]) for s in seeded] == [(2, []), (1, [])] * 3
+    assert shared_with_others(recorder)
 
 
 def test_a_seeded_request_of_several_prompts_reproduces() -> None:
-    runs, _ = seeded_runs(["def f(x):", "class a:", "import os"])
+    """Its prompts may be split over streams differently each time (max_batch 2); each row
+    still gives the same text, and the rows of one request differ (each its own seed)."""
+    runs, recorder = seeded_runs(["def f(x):", "def f(x):", "import os"])
     assert runs[0] == runs[1] == runs[2]
+    assert runs[0][0] != runs[0][1]
+    assert shared_with_others(recorder)
 
 
 # ------------------------------------------------------------------------------ settings

@@ -16,8 +16,11 @@ One round, each step in one place (``SpeculativeEngine._round`` in ``loop``):
             (``stopping``);
 6. learn    the policy observes the round.
 
-Modules: ``loop`` (the engine), ``inputs`` (prompts, per-row limits), ``generation`` (the state
-of a running generation), ``stopping``, ``results`` (stats, result, stream).
+Modules: ``loop`` (the engine and the round), ``build`` (an engine from names; the compiled
+path), ``drafting``, ``accept`` and ``commit`` (those steps of a round), ``joins`` (rows entering
+and leaving the batch), ``hooks`` (``RoundView``), ``row_sampling`` (each row's temperature,
+top-k, top-p and seed), ``inputs`` (prompts, per-row limits), ``generation`` (the state of a
+running generation), ``stopping``, ``results`` (stats, result, stream).
 
 Batches are ragged (``FlashSpecConfig.batching="ragged"``, the default). Each round every live
 row emits its own accepted drafts and then its own replacement token (residual, argmax or
@@ -46,7 +49,8 @@ from typing import TYPE_CHECKING
 
 from ..legacy import earlier_module
 from ..select.policy import Arm
-from .loop import RoundView, SpeculativeEngine
+from .hooks import RoundView
+from .loop import SpeculativeEngine
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprob, TokenStream
 
 # TargetModel and load_drafters: the earlier library imported them from here (flashspec.legacy).

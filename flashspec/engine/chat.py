@@ -105,3 +105,12 @@ def chat_ids(
     chat = render(tokenizer, conversation(messages, system))
     ids = tokenizer(chat.text, add_special_tokens=chat.special)["input_ids"]
     return [int(t) for t in ids], chat.stops
+
+
+def chat_prompt(
+    tokenizer: Any, messages: Messages, system: str | None, stop: str | Sequence[str] | None
+) -> tuple[list[int], list[list[str] | None]]:
+    """``engine.chat``'s one prompt row and its stop strings: the caller's, then the format's."""
+    ids, format_stops = chat_ids(tokenizer, messages, system)
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    return ids, [list(dict.fromkeys((*stops, *format_stops))) or None]

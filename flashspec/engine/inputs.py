@@ -12,10 +12,12 @@ from .._validate import is_int
 from ..config import FlashSpecConfig, SamplingConfig
 from ..grammar import Grammar
 from ..grammar.masks import GrammarState
+from ..kv.state import UnsupportedModelError
 from ..models import Padding, TargetModel, as_id_list
 from ..sampling import Warper
 from .generation import Generation, Row
 from .logprobs import MAX_TOP
+from .row_sampling import start_sampling
 
 Prompt = str | Sequence[str] | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
 Stop = str | Sequence[str] | Sequence[str | Sequence[str] | None] | None
@@ -24,7 +26,6 @@ Stop = str | Sequence[str] | Sequence[str | Sequence[str] | None] | None
 def prepare(
     target: TargetModel,
     config: FlashSpecConfig,
-    warper: Warper,
     prompt: Prompt | None,
     max_new_tokens: int | Sequence[int] | None,
     input_ids: torch.Tensor | None,
@@ -32,8 +33,8 @@ def prepare(
     eos_token_id: int | Sequence[int] | None,
     ignore_eos: bool,
     stop: Stop,
-    seed: int | None,
-    sampling: SamplingConfig | None,
+    seed: int | Sequence[int | None] | None,
+    sampling: SamplingConfig | Sequence[SamplingConfig | None] | None,
     logprobs: int | None = None,
     grammar: Grammar | None = None,
 ) -> Generation:
@@ -42,8 +43,6 @@ def prepare(
     Raises:
         TypeError / ValueError: naming the argument and what is expected.
     """
-    if sampling is not None and not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"sampling must be a SamplingConfig or None, got {type(sampling).__name__}")
     if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_TOP):
         raise ValueError(
             f"logprobs must be None (off) or an integer in [0, {MAX_TOP}] (the alternatives "
@@ -80,26 +79,15 @@ def prepare(
         device=device,
     ).reshape(len(live), longest)
     left = torch.tensor([longest - len(rows[i]) for i in live], dtype=torch.int64, device=device)
-    sampling = sampling or config.sampling
-    outside = [t for t in sampling.logit_bias or () if t >= target.vocab_size]
+    base, generator, row_settings, typical = start_sampling(
+        len(rows), sampling, seed, config.sampling, device
+    )
+    outside = [t for t in base.logit_bias or () if t >= target.vocab_size]
     if outside:
         raise ValueError(
             f"logit_bias names token {outside[0]}, outside the target's vocabulary of "
             f"{target.vocab_size} tokens; use ids below {target.vocab_size}"
         )
-    warper = (
-        warper
-        if sampling is config.sampling
-        else Warper(sampling.temperature, sampling.top_k, sampling.top_p)
-    )
-    seed = seed if seed is not None else sampling.seed
-    generator: torch.Generator | None = None
-    if not warper.greedy:
-        generator = torch.Generator(device=device)
-        if seed is not None:
-            generator.manual_seed(seed)
-        else:
-            generator.seed()
     state = None
     if grammar is not None:
         if not isinstance(grammar, Grammar):
@@ -109,7 +97,7 @@ def prepare(
         eos_ids = sorted(eos) or list(target.eos_token_ids)
         state = GrammarState(grammar, target.tokenizer, eos_ids, target.vocab_size)
         state.add_rows(live)
-    return Generation(
+    gen = Generation(
         tokens=tokens,
         padding=Padding(left),
         live=live,
@@ -122,13 +110,16 @@ def prepare(
         decode=decode,
         live_text=True,
         generator=generator,
-        sampling=sampling,
-        warper=warper,
+        sampling=base,
+        warper=Warper(),  # the first round sets it (Generation.round_warper)
+        row_sampling=row_settings,
+        typical=typical,
         pad_id=pad,
-        seeded=seed is not None,
         logprobs=None if logprobs is None else int(logprobs),
         grammar=state,
     )
+    gen.warper = gen.round_warper() if live else Warper(*row_settings[0].warp)
+    return gen
 
 
 def tokenize(
@@ -281,3 +272,17 @@ def per_row_stops(stop: Stop, rows: int) -> list[tuple[str, ...]]:
             f"got {len(entries)}"
         )
     return [strings(entry) for entry in entries]
+
+
+def refuse_padded_batch(reason: str | None) -> None:
+    """Refuse a generation whose rows differ in length when a model cannot batch them
+    (``reason``: ``SpeculativeEngine.padded_batches``; None: they can).
+
+    Raises:
+        UnsupportedModelError: naming the model, the reason and what to do instead.
+    """
+    if reason is not None:
+        raise UnsupportedModelError(
+            f"rows of different lengths cannot share a batch here ({reason}); generate "
+            "them one at a time, or in batches of prompts of equal length"
+        )

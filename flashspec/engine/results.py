@@ -12,6 +12,7 @@ import torch
 from .._validate import is_int
 
 if TYPE_CHECKING:
+    from ..config import SamplingConfig
     from .generation import Generation
 
 
@@ -176,6 +177,13 @@ class StreamChunk:
     logprobs: list[TokenLogprob] | None = None
 
 
+JoinRow = Callable[
+    [str | Sequence[int], int, "str | Sequence[str] | None", "SamplingConfig | None", "int | None"],
+    int,
+]
+"""The engine's ``TokenStream.join``: prompt, max_new_tokens, stop, sampling, seed -> row."""
+
+
 class TokenStream:
     """Iterator over ``StreamChunk`` as rounds commit; ``result`` is set once it is exhausted."""
 
@@ -183,7 +191,7 @@ class TokenStream:
         self,
         rounds: Generator[list[StreamChunk], None, GenerationResult],
         generation: Generation,
-        join: Callable[[str | Sequence[int], int, str | Sequence[str] | None], int] | None = None,
+        join: JoinRow | None = None,
     ) -> None:
         self._rounds = rounds
         self._generation = generation
@@ -203,6 +211,8 @@ class TokenStream:
         max_new_tokens: int,
         *,
         stop: str | Sequence[str] | None = None,
+        sampling: SamplingConfig | None = None,
+        seed: int | None = None,
     ) -> int:
         """Add a prompt to the running generation (continuous batching): it is read into the
         caches before the next round and then advances with the others. Call it from the
@@ -212,6 +222,10 @@ class TokenStream:
             prompt: a string or a list of token ids.
             max_new_tokens: new tokens at most (>= 1).
             stop: stop string(s) of this row.
+            sampling: this row's settings; they may differ from the running rows' in
+                temperature, top_k, top_p and seed only (None: the generation's first row's).
+            seed: this row's own seed (default ``sampling.seed``; neither: it draws from the
+                generation's shared generator).
 
         Returns:
             the row's index (``StreamChunk.row``, the result's row).
@@ -222,7 +236,7 @@ class TokenStream:
         """
         if self._join is None:
             raise RuntimeError("this stream takes no new rows")
-        return self._join(prompt, max_new_tokens, stop)
+        return self._join(prompt, max_new_tokens, stop, sampling, seed)
 
     def _decode_at_end(self) -> None:
         # For generate(): nobody reads the text before the end unless a stop string needs it.

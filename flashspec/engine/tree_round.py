@@ -48,7 +48,7 @@ def tree_shape(
         return None
     if len(gen.live) != 1 or gen.joining or target.rows is None:
         return None
-    if gen.sampling.resolved_method == "typical" or gen.adjusters or gen.grammar is not None:
+    if gen.typical or gen.adjusters or gen.grammar is not None:
         return None
     return dataclasses.replace(shape, depth=min(shape.depth, gamma))
 
@@ -82,10 +82,10 @@ def accept_tree_round(
     ``flashspec.trees.accept``), keep the accepted path in the target's cache, and return the
     round as a chain of the path's tokens."""
     row = logits[0]
-    if gen.sampling.resolved_method == "greedy":
+    if gen.warper.greedy:
         accepted = accept_tree_greedy(row, tree)
     else:
-        accepted = accept_tree(gen.warper.probs(row), tree, gen.generator)
+        accepted = accept_tree(gen.warper.probs(row), tree, gen.row_generator(0))
     path = accepted.path
     target.keep_path(path)
     device = logits.device

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import AsyncGenerator, Callable, Hashable
@@ -31,6 +32,16 @@ if TYPE_CHECKING:
 DISCONNECT_POLL_S = 0.25
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_limit": "length"}
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of a request's ``index``-th generation (prompt by prompt, choice by choice):
+    the request's own for the first, a hash of both for the others. Each row draws from a
+    generator of its own, so one seed for all would make a prompt's ``n`` choices equal."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # within torch.Generator.manual_seed's range
 
 
 @dataclass
@@ -125,7 +136,7 @@ class Generation:
                     max_tokens=max_tokens,
                     stop=stops,
                     sampling=prepared.sampling,
-                    seed=prepared.seed,
+                    seed=choice_seed(prepared.seed, i),
                     group=prepared.group,
                     deliver=deliverer(i),
                     logprobs=prepared.job_logprobs,

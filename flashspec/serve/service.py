@@ -28,7 +28,7 @@ from .protocol import (
     invalid,
     logit_bias_of,
 )
-from .worker import Batching, EngineWorker
+from .worker import Batching, EngineWorker, seeded_rows_mix
 
 if TYPE_CHECKING:
     from ..config import Method, SamplingConfig
@@ -374,9 +374,12 @@ class Service:
     ) -> tuple[SamplingConfig, int | None, Hashable]:
         """(SamplingConfig for this call, seed, batch group) from the request's fields.
 
-        OpenAI's defaults apply: temperature 1, top_p 1. Greedy requests (temperature 0) share
-        one group whatever their top_p/top_k, which cannot change an argmax. A sampled request
-        with a seed gets a batch of its own, so the same seed gives the same output.
+        OpenAI's defaults apply: temperature 1, top_p 1. Requests that differ only in
+        temperature, top_p, top_k and seed share a group: each row of a stream samples by its
+        own settings, and a seeded row from a generator of its own
+        (``flashspec.engine.row_sampling``), its output the same beside any rows. Only on an
+        engine whose rows move in lockstep (``seeded_rows_mix`` false) does a seeded request
+        still get a group of its own, as its rows' output would depend on their neighbours.
         """
         base = dataclasses.replace(
             self.engine.config.sampling,
@@ -385,8 +388,10 @@ class Service:
             frequency_penalty=float(request.frequency_penalty or 0.0),
             logit_bias=logit_bias_of(request, self.vocab_size),
         )
-        # Rows of one batch share these settings: requests that differ run in other batches.
-        shared = (
+        # Rows of one stream share these: the round changes the target's logits once, by one
+        # SamplingConfig's penalties and bias (flashspec.engine.penalties); per-row logit
+        # processors would go there. Requests that differ run in other streams.
+        group: tuple[object, ...] = (
             base.repetition_penalty,
             base.presence_penalty,
             base.frequency_penalty,
@@ -395,7 +400,7 @@ class Service:
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         top_p = 1.0 if request.top_p is None else float(request.top_p)
         # Keeping the k most likely of fewer than k tokens keeps them all, as 0 does (the
-        # engine's warper skips such a k): the same group then batches them together.
+        # engine's warper skips such a k).
         top_k = request.top_k or 0
         if top_k >= self.vocab_size:
             top_k = 0
@@ -403,14 +408,14 @@ class Service:
             sampling = dataclasses.replace(
                 base, temperature=0.0, top_p=1.0, top_k=0, method="auto", seed=None
             )
-            return sampling, None, ("greedy", *shared)
-        # A server built on a lossy "typical" engine stays lossy; otherwise sampling is exact.
+            return sampling, None, group
+        # A server built on a lossy "typical" engine stays lossy (all its sampled requests, so
+        # they can share a stream); otherwise sampling is exact.
         method: Method = "typical" if base.method == "typical" else "auto"
         sampling = dataclasses.replace(
             base, temperature=temperature, top_p=top_p, top_k=top_k, method=method, seed=None
         )
-        group: tuple[object, ...] = ("sample", temperature, top_p, top_k, *shared)
-        if request.seed is not None:
+        if request.seed is not None and not seeded_rows_mix(self.engine):
             group = (*group, "seed", request.seed, uuid.uuid4().hex)
         return sampling, request.seed, group
 

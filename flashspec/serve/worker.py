@@ -39,10 +39,10 @@ STREAM_ROWS_PER_SLOT = 64
 
 # An engine runs one generation at a time and is not thread-safe, so exactly one thread touches it.
 # HTTP handlers (on the event loop) turn each prompt into a ``Job`` and ``submit`` it to a bounded
-# queue; the worker takes the oldest waiting job plus up to ``max_batch - 1`` more with the same
-# sampling settings (``Job.group``: one ``SamplingConfig`` and one generator serve a whole
-# stream), runs them as one ``engine.stream``, and hands every ``StreamChunk`` to its job's
-# ``deliver`` callback (which the server points at the request's asyncio queue).
+# queue; the worker takes the oldest waiting job plus up to ``max_batch - 1`` more of the same
+# group (``Job.group``: the settings a stream's rows share; each row brings its own temperature,
+# top-p, top-k and seed), runs them as one ``engine.stream``, and hands every ``StreamChunk`` to
+# its job's ``deliver`` callback (which the server points at the request's asyncio queue).
 #
 # Continuous batching: after every chunk, while the stream has fewer than ``max_batch`` live
 # rows, waiting jobs of the stream's group join it (the engine reads them in before its next
@@ -87,7 +87,7 @@ class Job:
         max_tokens: new tokens at most.
         stop: stop strings (the engine keeps them in its output; the server trims them).
         sampling: per-call ``SamplingConfig`` for ``engine.stream``; None: the engine's own.
-        seed: seed for the batch's generator (only jobs of one group share a batch).
+        seed: the row's own seed (its draws then come from a generator of its own).
         group: batch compatibility key; jobs batch together only when their groups are equal.
         deliver: called from the worker thread with each ``Event``; must be thread-safe and
             must not block.
@@ -111,6 +111,15 @@ class Job:
     logprobs: int | None = None
     grammar: Grammar | None = None
     echo: str | None = None
+
+
+def seeded_rows_mix(engine: SpeculativeEngine) -> bool:
+    """Whether a seeded row's output is the same beside any rows of ``engine``'s streams: rows
+    that commit their own counts (ragged batches; ``flashspec.engine.row_sampling``). In
+    lockstep the batch advances by its shortest row, so a row's output follows its neighbours.
+    """
+    config = getattr(engine, "config", None)
+    return bool(getattr(engine, "shiftable", False)) and getattr(config, "batching", "") == "ragged"
 
 
 class QueueFull(Exception):
@@ -296,8 +305,8 @@ class EngineWorker:
                 [job.prompt_ids for job in batch],
                 max_new_tokens=[job.max_tokens for job in batch],
                 stop=[list(job.stop) or None for job in batch],
-                seed=head.seed,
-                sampling=head.sampling,
+                seed=[job.seed for job in batch],
+                sampling=[job.sampling for job in batch],
                 logprobs=head.logprobs,
                 grammar=head.grammar,
             )
@@ -309,10 +318,11 @@ class EngineWorker:
             return
         run = _Run(stream, head.group, batch)
         # Decided once, before the first round: a stream of models that cannot take rows in
-        # (sliding-window, recurrent) runs as a static batch. So does a seeded one: its group
-        # is its request's alone, and whether the request's later prompts joined would depend
-        # on other requests' timing (see _join_waiting), so the seed would not fix the output.
-        if self.batching == "continuous" and head.seed is None and stream.joinable:
+        # (sliding-window, recurrent) runs as a static batch. So does a seeded one where seeded
+        # rows do not mix (lockstep): its group is its request's alone, and whether the
+        # request's later prompts joined would depend on other requests' timing.
+        mixes = head.seed is None or seeded_rows_mix(self.engine)
+        if self.batching == "continuous" and mixes and stream.joinable:
             run.joins_left = max(0, self.max_batch * STREAM_ROWS_PER_SLOT - len(batch))
         try:
             self._drop_cancelled(run)  # cancelled between leaving the queue and now
@@ -403,7 +413,13 @@ class EngineWorker:
         for position, job in enumerate(taken):
             self._echo(job)
             try:
-                row = run.stream.join(job.prompt_ids, job.max_tokens, stop=list(job.stop) or None)
+                row = run.stream.join(
+                    job.prompt_ids,
+                    job.max_tokens,
+                    stop=list(job.stop) or None,
+                    sampling=job.sampling or self.engine.config.sampling,
+                    seed=job.seed,
+                )
             except RuntimeError:
                 # joinable said yes, so this is the engine's fault; the jobs lose nothing:
                 # they go back to the queue's head and start the next stream.
