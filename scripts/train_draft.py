@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Distil a shared-head draft (``flashspec.shared_head``) from a target: a few decoder layers on
-the target's own embedding, drafting over the target's head rows for the K most frequent tokens.
+"""Distil a shared-head draft (``flashspec.drafters.shared_head``) from a target: a few decoder
+layers on the target's own embedding, drafting over the target's head rows for the K most
+frequent tokens.
 
     python scripts/train_draft.py --target smollm2 --out runs/smollm2-draft --minutes 110
     python scripts/train_draft.py --target smollm2 --out runs/smollm2-draft --minutes 110  # resumes
@@ -59,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import draft_chat_data
 from train_demo_pair import encode_stream, read_corpus
 
-from flashspec.shared_head import (
+from flashspec.drafters.shared_head import (
     build_shared_head_draft,
     draft_input,
     feature_hidden,

@@ -1,5 +1,5 @@
-"""Shared-head drafts from folders (``flashspec.shared_head``), and the ones flashspec ships for
-named targets.
+"""Shared-head drafts from folders (``flashspec.drafters.shared_head``), and the ones flashspec
+ships for named targets.
 
 A shared-head draft is attached to its target when it loads (it uses the target's embedding and
 head), so it loads after the target, into the drafter its kind needs: ``FeatureDrafter`` for a
@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..shared_head import CONFIG_FILE, draft_input, load_shared_head_draft
+from ..drafters.shared_head import CONFIG_FILE, draft_input, load_shared_head_draft
 
 if TYPE_CHECKING:
     from ..drafters import Drafter
@@ -54,8 +54,7 @@ def shared_head_drafter(
     Raises:
         ValueError: not a shared-head draft, or one made for another width or vocabulary.
     """
-    from ..drafters import ModelDrafter
-    from ..feature_drafter import FeatureDrafter
+    from ..drafters import FeatureDrafter, ModelDrafter
 
     path = Path(folder).expanduser()
     draft = load_shared_head_draft(path, target.model)

@@ -1,5 +1,5 @@
 """FeatureDrafter: drafts from the target's own final hidden states with a features draft
-(``flashspec.shared_head``, built with ``reads="features"``).
+(``flashspec.drafters.shared_head``, built with ``reads="features"``).
 
 Each round, verification leaves the target's hidden state at each row's every committed token
 but the newest (``TargetModel.gather_features``). The draft's column k of a row reads the pair
@@ -28,21 +28,14 @@ from typing import Any
 
 import torch
 
-from .drafters import (
-    DraftContext,
-    Drafter,
-    Proposal,
-    RowStops,
-    _no_drafts,
-    pick_draft,
-    tree_depth,
-)
-from .kv.cache import RowCache
-from .kv.compat import ForwardSignature, new_cache
-from .kv.layout import RowLayout, shiftable
-from .models import Padding, TargetModel
+from ..kv.cache import RowCache
+from ..kv.compat import ForwardSignature, new_cache
+from ..kv.layout import RowLayout, shiftable
+from ..models import Padding, TargetModel
+from ..trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape
+from .base import DraftContext, Drafter, Proposal, no_drafts, tree_depth
+from .model import RowStops, pick_draft
 from .shared_head import draft_input, feature_hidden
-from .trees.tree import ROOT, TokenTree, TreeBuilder, TreeShape
 
 
 class FeatureDrafter(Drafter):
@@ -131,7 +124,7 @@ class FeatureDrafter(Drafter):
         """Draft up to ``gamma`` tokens per row; none before the target has read every row's
         prompt."""
         if gamma <= 0 or not self._catch_up(ctx):
-            return _no_drafts(ctx.tokens)
+            return no_drafts(ctx.tokens)
         state = self._state
         assert state is not None
         every = [0] * ctx.tokens.shape[0]

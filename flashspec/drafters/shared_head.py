@@ -16,7 +16,7 @@ A draft built with ``reads="features"`` takes, at each position, the target's fi
 there together with the embedding of the next token (EAGLE, Li et al. 2024, drafts from the
 target's features like this), fused by a linear map (``FeatureFuse``) into its layers; its own
 final hidden state stands in for the target's at the positions it drafts. ``FeatureDrafter``
-(``flashspec.feature_drafter``) drafts with it.
+(``flashspec.drafters.features``) drafts with it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .quant.layers import QuantEmbedding, QuantLinear
+from ..quant.layers import QuantEmbedding, QuantLinear
 
 CONFIG_FILE = "shared_head_draft.json"
 WEIGHTS_FILE = "layers.safetensors"
