@@ -680,7 +680,7 @@ class SpeculativeEngine:
             # late would look dearer than it is.
             gen.drafted_by.add(index)
             if learn:
-                drafter.prefill(ctx)
+                drafter.begin(ctx)
                 setup = time.perf_counter() - began
         with span("draft"):
             return drafter.propose(ctx, gamma).capped(caps), setup
@@ -700,7 +700,7 @@ class SpeculativeEngine:
         if index not in gen.drafted_by:
             gen.drafted_by.add(index)  # as in _draft
             if choice.learn:
-                drafter.prefill(ctx)
+                drafter.begin(ctx)
                 setup = time.perf_counter() - began
         with span("draft"):
             tree = drafter.propose_tree(ctx, shape)
@@ -806,14 +806,9 @@ class SpeculativeEngine:
     def _commit(self, gen: Generation) -> None:
         """Every cache keeps the committed tokens but the newest (which none has read yet)."""
         self.target.commit(gen.tokens, gen.padding)
-        width = gen.tokens.shape[1]
-        if gen.shiftable:
-            lengths = [width - 1 - left for left in gen.padding.lefts]
-            for drafter in self.drafters:
-                drafter.keep_rows(lengths)
-        else:
-            for drafter in self.drafters:
-                drafter.commit(width - 1)
+        lengths = [gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts]
+        for drafter in self.drafters:
+            drafter.keep(lengths, gen.padding)
 
     @staticmethod
     def _compact(gen: Generation) -> None:
@@ -1021,8 +1016,6 @@ class RoundView:
         logits = engine.target.verify(gen.tokens, proposal.tokens, gen.padding)
         acceptance = engine._accept(gen, logits, proposal)
         engine.target.rollback(before)
-        if gen.shiftable:
-            drafter.keep_rows([gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts])
-        else:
-            drafter.commit(gen.tokens.shape[1] - 1)
+        lengths = [gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts]
+        drafter.keep(lengths, gen.padding)
         return proposal, acceptance
