@@ -16,11 +16,11 @@ from .._validate import is_int
 from ..compiled import CompileDecision, resolve_compile
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import DraftContext, Drafter, Proposal, load_drafters, with_temperature
+from ..drafters.registry import default_drafters
 from ..grammar import Grammar
 from ..legacy import Alias
 from ..loading import bundled_drafter
 from ..models import (
-    DEMO_DRAFT_NAME,
     DEMO_NAME,
     CausalLM,
     Padding,
@@ -237,16 +237,15 @@ class SpeculativeEngine:
                 model=models.get(target or ""),
                 tokenizer=tokenizer,
             )
-        # A named target's shipped draft joins the default drafters (flashspec.loading.drafts).
-        named = target if drafters is None and isinstance(target, str) and not demo else None
         if drafters is None:
-            drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
-        drafter_list = load_drafters(
-            drafters, device=config.device, dtype=config.dtype, models=models
-        )
-        bundled = bundled_drafter(named, target_model) if named is not None else None
-        if bundled is not None:
-            drafter_list.insert(0, bundled)  # the draft shipped for this named target
+            name = DEMO_NAME if demo else target if isinstance(target, str) else None
+            drafter_list = default_drafters(name, target_model, shipped=bundled_drafter,
+                                            device=config.device, dtype=config.dtype,
+                                            models=models)  # fmt: skip
+        else:
+            drafter_list = load_drafters(
+                drafters, device=config.device, dtype=config.dtype, models=models
+            )
         if not configured:
             config = dataclasses.replace(config, bandit=default_bandit(drafter_list))
         return cls(config, drafter_list, target_model, selector)
