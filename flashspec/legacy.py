@@ -51,6 +51,7 @@ class Earlier(NamedTuple):
 _LAYOUT = "0.1.0, the package per area (#22, 714c0fb): the module moved into its area's package"
 _LIBRARY = "0.1.0 (#22, f8a154e): the earlier FlashSpec library's name; its quickstart runs as is"
 _ONE_NAME = "0.1.0 (#22, f8a154e): one name per concept"
+_DRAFTERS = "0.1.0, the drafters package (#39): the module moved into flashspec.drafters"
 
 
 def _moved(module: str, current: str, names: tuple[str, ...], since: str) -> list[Earlier]:
@@ -119,6 +120,28 @@ EARLIER: tuple[Earlier, ...] = (
         "flashspec.serve.service",
         ("NORMALIZED_TEXT_SLACK", "UNBOUNDED_DEFAULT_MAX_TOKENS", "prompt_char_limit"),
         _LAYOUT,
+    ),
+    *_moved("flashspec.feature_drafter", "flashspec.drafters", ("FeatureDrafter",), _DRAFTERS),
+    *_moved(
+        "flashspec.shared_head",
+        "flashspec.drafters.shared_head",
+        (
+            "CONFIG_FILE",
+            "FORMAT",
+            "INPUTS",
+            "SHARED_PREFIXES",
+            "WEIGHTS_FILE",
+            "FeatureFuse",
+            "SubsetHead",
+            "attach",
+            "build_shared_head_draft",
+            "draft_input",
+            "feature_hidden",
+            "load_shared_head_draft",
+            "own_state",
+            "save_shared_head_draft",
+        ),
+        _DRAFTERS,
     ),
     *_moved("flashspec.engine", "flashspec.models", ("TargetModel",), _LIBRARY),
     *_moved("flashspec.engine", "flashspec.drafters", ("load_drafters",), _LIBRARY),

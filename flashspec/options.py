@@ -202,7 +202,7 @@ class EngineOptions:
                 flashspec cannot run exactly, vocabulary mismatch.
         """
         from .config import BanditConfig, FlashSpecConfig, SamplingConfig
-        from .drafters import PromptLookupDrafter, load_drafters
+        from .drafters import PromptLookupDrafter, default_drafters, load_drafters
         from .engine import SpeculativeEngine
         from .loading.drafts import (
             bundled_draft,
@@ -279,7 +279,14 @@ class EngineOptions:
         with _load_errors(self.target, "--target"):
             target = TargetModel(self.target, config.device, config.dtype)
         drafters: list[Any] = []
-        if shipped:
+        # The one default policy (flashspec.drafters.default_drafters), as from_pretrained's;
+        # --adaptive on the demo target adds the second demo draft.
+        default = defaults and not (self.adaptive and self.target == DEMO_NAME)
+        if default:
+            with _load_errors(draft or self.target, "--draft" if draft else "--target"):
+                drafters = default_drafters(self.target, target, shipped=bundled_drafter,
+                                            device=config.device, dtype=config.dtype)  # fmt: skip
+        elif shipped:
             drafter = bundled_drafter(self.target, target)
             if drafter is None and self.drafter == "model":
                 raise UserError(
@@ -287,13 +294,13 @@ class EngineOptions:
                     "model file; pass --draft PATH"
                 )
             drafters += [drafter] if drafter is not None else []
-        for name in names:
+        for name in [] if default else names:
             with _load_errors(name, "--draft"):
                 if is_shared_head_folder(name):
                     drafters.append(shared_head_drafter(name, target))
                 else:
                     drafters += load_drafters([name], device=config.device, dtype=config.dtype)
-        if not drafters or adaptive:
+        if not default and (not drafters or adaptive):
             drafters.append(PromptLookupDrafter())
         if adaptive or defaults:
             # (context="lookup" only with a lookup drafter; --selector as given)

@@ -304,11 +304,8 @@ def test_a_feature_tree_of_one_child_per_node_is_the_greedy_chain() -> None:
     assert tree.tokens.tolist() == chain.tokens[0].tolist()
 
 
-@pytest.mark.parametrize("commit", ["commit", "keep_rows"])
-def test_after_a_tree_round_the_drafter_drafts_as_one_that_never_drafted_a_tree(
-    commit: str,
-) -> None:
-    """The tree's columns are dropped at the commit: over rounds that commit a few tokens
+def test_after_a_tree_round_the_drafter_drafts_as_one_that_never_drafted_a_tree() -> None:
+    """The tree's columns are dropped at ``keep``: over rounds that commit a few tokens
     each, chain drafts, the cache width and the read state equal a drafter's that drafted
     chains only."""
     _, draft, states = feature_setup()
@@ -322,10 +319,7 @@ def test_after_a_tree_round_the_drafter_drafts_as_one_that_never_drafted_a_tree(
             tree = trees.propose_tree(ctx, TreeShape(depth=4, nodes=10, top_k=3))
             assert tree is not None and trees._drafted > 0
             for drafter in (trees, chains):
-                if commit == "commit":
-                    drafter.commit(len(row) - 1)
-                else:
-                    drafter.keep_rows([len(row) - 1])
+                drafter.keep([len(row) - 1], ctx.padding)
             mine, theirs = trees.propose(ctx, 3), chains.propose(ctx, 3)
             assert mine.tokens.tolist() == theirs.tokens.tolist()
             assert trees._rows.lengths == chains._rows.lengths
@@ -335,7 +329,7 @@ def test_after_a_tree_round_the_drafter_drafts_as_one_that_never_drafted_a_tree(
             # Commit a few tokens (the chain's first drafts and one other) for the next round.
             row = [*row, *mine.tokens[0, : step % 2 + 1].tolist(), (7 * step + 3) % 60]
             for drafter in (trees, chains):
-                drafter.commit(len(row) - 1)
+                drafter.keep([len(row) - 1], ctx.padding)
 
 
 def test_no_feature_tree_for_two_rows_or_before_the_states_exist() -> None:
@@ -364,7 +358,7 @@ def test_a_row_with_dead_columns_sees_only_its_own() -> None:
         states.show(tokens, lefts)
         ctx = DraftContext(tokens, Padding(torch.tensor(lefts)), GREEDY, None, ragged=True)
         drafter.propose(ctx, 2)
-        drafter.keep_rows([8, 4])
+        drafter.keep([8, 4], ctx.padding)
         drafter.select_rows(torch.tensor([1]))
         assert drafter._rows.alive is not None and not bool(drafter._rows.alive.all())
         alone = torch.tensor([short])

@@ -421,7 +421,7 @@ class SpyDrafter(Drafter):
         self.prefills: list[int] = []  # committed length at each prefill
         self.proposals = 0
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def begin(self, ctx: DraftContext) -> None:
         self.prefills.append(ctx.tokens.shape[1])
         time.sleep(self.PREFILL_SECONDS)
 

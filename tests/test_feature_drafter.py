@@ -245,7 +245,7 @@ def test_each_round_drafts_what_the_draft_computes_on_the_whole_sequence() -> No
             return
         seen.clear()
         proposal = drafter.propose(engine._draft_context(view._gen, drafter), 3)
-        drafter.commit(view.tokens.shape[1] - 1)
+        drafter.keep([view.tokens.shape[1] - 1 - left for left in view.padding.lefts], view.padding)
         tokens = view.tokens
         from flashspec.shared_head import feature_hidden
 
@@ -346,7 +346,7 @@ def test_ragged_rows_and_rows_that_join_keep_their_own_states() -> None:
         before = lengths
         seen.clear()
         drafter.propose(engine._draft_context(view._gen, drafter), 2)
-        drafter.keep_rows([width - 1 - left for left in lefts])
+        drafter.keep([width - 1 - left for left in lefts], view.padding)
         if not seen:
             return  # a row without states yet: no drafts this round
         drafted[0] += 1

@@ -194,7 +194,7 @@ def test_stateful_drafter_state_follows_commits(family: str) -> None:
         accepted = int(torch.randint(0, 5, (1,), generator=generator))
         extra = torch.randint(3, VOCAB, (2, 1), generator=generator)
         tokens = torch.cat([tokens, drafts[:, :accepted], extra], dim=1)
-        drafter.commit(tokens.shape[1] - 1)
+        drafter.keep([tokens.shape[1] - 1] * tokens.shape[0], padding)
 
 
 @pytest.mark.parametrize("family", STEPWISE)

@@ -6,7 +6,7 @@
 - ``lookup``: ``PromptLookupDrafter``, n-gram lookup in the row's own text;
 - ``features``: ``FeatureDrafter``, a draft that reads the target's hidden states;
 - ``shared_head``: draft models that share the target's embedding and head;
-- ``registry``: drafters by name (``load_drafters``).
+- ``registry``: drafters by name (``load_drafters``) and the default ones (``default_drafters``).
 
 The re-exports are lazy (PEP 562): ``flashspec.loading`` reads ``shared_head`` without
 importing the drafters, which import the models that import ``flashspec.loading``.
@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "PromptLookupDrafter": ".lookup",
     "FeatureDrafter": ".features",
     "PROMPT_LOOKUP_NAMES": ".registry",
+    "default_drafters": ".registry",
     "load_drafters": ".registry",
 }
 
@@ -42,6 +43,7 @@ __all__ = [
     "PromptLookupDrafter",
     "Proposal",
     "RowStops",
+    "default_drafters",
     "load_drafters",
     "pick_draft",
     "tree_depth",
@@ -53,6 +55,6 @@ if TYPE_CHECKING:
     from .features import FeatureDrafter
     from .lookup import PromptLookupDrafter
     from .model import ModelDrafter, RowStops, pick_draft
-    from .registry import PROMPT_LOOKUP_NAMES, load_drafters
+    from .registry import PROMPT_LOOKUP_NAMES, default_drafters, load_drafters
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

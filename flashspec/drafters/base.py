@@ -1,9 +1,32 @@
-"""Drafters: cheap proposers of the next few tokens.
+"""The contract between the engine and a drafter: ``Drafter``, what it reads each round
+(``DraftContext``) and what it gives back (``Proposal``).
 
 A drafter sees the committed token matrix (B, L) and proposes up to ``gamma`` tokens per row,
 together with the distributions it sampled them from (``Proposal.probs``) — or None when each
 draft was chosen deterministically, which verification treats as a point mass (q(d) = 1).
 Proposing fewer than ``gamma`` (even zero) drafts is always allowed.
+
+The verbs, in the order the engine calls them:
+
+- ``bind(target)``: once, when the engine is built;
+- ``reset()``: at the start of every generation;
+- ``begin(ctx)``: the first round this drafter is chosen in a generation, before ``propose``
+  (read the prompt into any cache, so that this reading is not charged to a round);
+- ``propose(ctx, gamma)`` or ``propose_tree(ctx, shape)``: each round it is chosen;
+- ``keep(lengths, padding)``: after every round, chosen or not, and after a probe: row b's
+  first ``lengths[b]`` committed tokens (all but its newest) are what any cached state may
+  still hold, laid out in the token matrix by ``padding``. In a ragged batch the rows'
+  counts grew by different amounts; in lockstep by the same amount, so that a column-aligned
+  cache keeps ``lengths[b] + padding.lefts[b]`` columns, the same in every row;
+- ``select_rows(index)``: rows finished and left the batch;
+- ``add_rows(tokens, padding)``: rows joined a running batch (ragged batches only).
+
+``shiftable`` is each drafter's declaration that its state keeps the rows apart (or that it
+keeps none), so the engine may run ragged batches and let rows join; a drafter whose cache is
+column-aligned declares False, and its engine keeps batches in lockstep.
+
+("Commit" is the engine's word for appending a round's tokens, and the target's for cropping
+its cache to them; the drafter's part of it is ``keep``.)
 """
 
 from __future__ import annotations
@@ -12,6 +35,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -88,6 +112,7 @@ class Proposal:
 
 
 def no_drafts(tokens: torch.Tensor) -> Proposal:
+    """No drafts for any row of ``tokens``."""
     return Proposal(tokens.new_empty((tokens.shape[0], 0)))
 
 
@@ -100,28 +125,50 @@ def tree_depth(ctx: DraftContext, shape: TreeShape) -> int:
 
 
 class Drafter(ABC):
-    """Interface between the engine and a drafter.
-
-    The engine calls ``reset`` once per generation, ``propose`` each round it picks this drafter,
-    ``commit`` after every round (picked or not) and ``select_rows`` when rows finish.
-    """
+    """Interface between the engine and a drafter: the verbs of the module docstring."""
 
     name: str = "drafter"
     temperature: float | None = None
     """If set, drafts are sampled at this temperature instead of the engine's (still lossless,
     because verification uses the distribution the drafts were actually drawn from)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # An override of a verb's earlier name would never be called: refused where it is
+        # written, not found later as a drafter whose cache drifts from the committed tokens.
+        for earlier, current in _RENAMED.items():
+            if earlier in vars(cls):
+                raise TypeError(
+                    f"{cls.__name__}.{earlier}: the Drafter verb {earlier!r} is now {current}; "
+                    "see flashspec.drafters.base"
+                )
+
     @property
     def lm(self) -> CausalLM | None:
         """The drafter's model, if it has one (used to check the vocabulary)."""
         return None
 
-    def reset(self) -> None:  # noqa: B027 - optional hook, stateless drafters keep the default
-        """Forget the previous generation."""
+    @property
+    def shiftable(self) -> bool:
+        """Whether this drafter serves ragged batches (rows advance by their own counts and
+        join a running batch). True here: a drafter that keeps no state between rounds, or
+        keeps each row's apart. A drafter whose state is column-aligned declares False, and
+        the engine keeps its batches in lockstep."""
+        return True
 
     def bind(self, target: TargetModel) -> None:  # noqa: B027 - optional hook
         """The engine's target, given once when the engine is built (a drafter that reads the
         target's hidden states asks it to keep them here)."""
+
+    def reset(self) -> None:  # noqa: B027 - optional hook, stateless drafters keep the default
+        """Forget the previous generation."""
+
+    def begin(self, ctx: DraftContext) -> None:  # noqa: B027 - stateless drafters: nothing to do
+        """Bring any cached state up to all but the newest committed token, ahead of time.
+
+        The engine calls it in the first round of a generation when it chooses among arms, so
+        that no drafter's prompt prefill lands in (and skews) the reward of a later round.
+        """
 
     @abstractmethod
     def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
@@ -135,39 +182,29 @@ class Drafter(ABC):
         Trials are point masses (``q`` None), each parent's children in the drafter's order of
         preference (most likely first); the tree has at most ``shape.depth`` levels (and at
         most ``ctx.caps[0]``, when capped), ``shape.nodes`` nodes and ``shape.top_k`` children
-        per node. The engine calls ``commit`` / ``keep_rows`` after the round as after a chain.
+        per node. The engine calls ``keep`` after the round as after a chain.
         """
         return None
 
-    def prefill(self, ctx: DraftContext) -> None:  # noqa: B027 - stateless drafters: nothing to do
-        """Bring any cached state up to all but the newest committed token, ahead of time.
-
-        The engine calls it in the first round of a generation when it chooses among arms, so
-        that no drafter's prompt prefill lands in (and skews) the reward of a later round.
-        """
-
-    def commit(self, valid: int) -> None:  # noqa: B027
-        """Only the first ``valid`` committed columns are still correct in any cached state."""
+    def keep(self, lengths: Sequence[int], padding: Padding) -> None:  # noqa: B027
+        """Row b's first ``lengths[b]`` committed tokens are still correct in any cached state;
+        ``padding`` lays them out in the token matrix (see the module docstring)."""
 
     def select_rows(self, index: torch.Tensor) -> None:  # noqa: B027
         """Keep only the batch rows in ``index``."""
 
-    # Ragged batches (``flashspec._layout``): rows commit their own counts, and rows join a
-    # running batch. The engine then calls ``keep_rows`` instead of ``commit``, and ``add_rows``.
-
-    @property
-    def shiftable(self) -> bool:
-        """Whether this drafter can serve ragged batches: by default, a drafter that keeps no
-        state between rounds (it does not override ``commit``). Otherwise the engine keeps
-        batches in lockstep."""
-        return type(self).commit is Drafter.commit
-
-    def keep_rows(self, lengths: Sequence[int]) -> None:  # noqa: B027
-        """Row b's first ``lengths[b]`` committed tokens are still correct in any cached state
-        (the ragged ``commit``)."""
-
     def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:  # noqa: B027
-        """Rows joined the batch: ``tokens`` (n, L) right-aligned, laid out by ``padding``."""
+        """Rows joined the batch: ``tokens`` (n, L) right-aligned, laid out by ``padding``
+        (``shiftable`` drafters only)."""
+
+
+_RENAMED = {
+    "prefill": "begin(ctx)",
+    "commit": "keep(lengths, padding)",
+    "keep_rows": "keep(lengths, padding)",
+}
+"""Drafter verbs' earlier names (before issue #39), and what they are now."""
+
 
 def with_temperature(warper: Warper, temperature: float | None) -> Warper:
     """``warper`` with the drafter's own temperature, if it has one."""

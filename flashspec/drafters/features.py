@@ -116,7 +116,7 @@ class FeatureDrafter(Drafter):
         self._drafted = 0
         self._state = None
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def begin(self, ctx: DraftContext) -> None:
         """Read the target's states the draft has not read yet (none before the first round)."""
         self._catch_up(ctx)
 
@@ -154,8 +154,8 @@ class FeatureDrafter(Drafter):
         Penalties (``ctx.adjust``) are not applied: the trials are point masses, which
         verification accepts exactly whatever they are.
 
-        Every column read here is a drafted column, dropped at the next commit, ``keep_rows``
-        or catch-up as a chain's are.
+        Every column read here is a drafted column, dropped at the next ``keep`` or catch-up
+        as a chain's are.
         """
         depth = tree_depth(ctx, shape)
         if depth < 1 or not self._catch_up(ctx):
@@ -315,13 +315,9 @@ class FeatureDrafter(Drafter):
             self._kv.drop(self._drafted)
             self._drafted = 0
 
-    def commit(self, valid: int) -> None:
-        """Drop the drafted columns (read from its own states, not the target's)."""
-        self._drop_drafted()
-        self._kv.compact()
-
-    def keep_rows(self, lengths: Sequence[int]) -> None:
-        """Drop the drafted columns; row b keeps at most ``lengths[b]`` read columns."""
+    def keep(self, lengths: Sequence[int], padding: Padding) -> None:
+        """Drop the drafted columns (read from its own states, not the target's); row b keeps
+        at most ``lengths[b]`` read columns."""
         if not self._kv.started:
             return
         self._drop_drafted()

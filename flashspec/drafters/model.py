@@ -64,7 +64,7 @@ class ModelDrafter(Drafter):
         for i in range(gamma):
             if i:
                 # A stateful drafter keeps a copy of its state at each committed-or-drafted
-                # column, so commit() returns to the accepted one without feeding anything again.
+                # column, so keep() returns to the accepted one without feeding anything again.
                 lm.mark()
             logits = lm.feed(ctx.tokens, ctx.padding, last, keep=1)[:, -1]
             token, unsure = pick_draft(logits, ctx, drafts, dists)
@@ -73,7 +73,7 @@ class ModelDrafter(Drafter):
             last = token.unsqueeze(1)
         return stops.proposal(drafts, dists)
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def begin(self, ctx: DraftContext) -> None:
         """Feed the prompt (all but its last token, which ``propose`` feeds) into the cache."""
         lm = self._lm
         end = ctx.tokens.shape[1] - 1
@@ -86,10 +86,14 @@ class ModelDrafter(Drafter):
         elif end > lm.cached:
             lm.forward(ctx.tokens[:, lm.cached : end], ctx.padding, keep=1)
 
-    def commit(self, valid: int) -> None:
-        """Crop the cache to the still-valid prefix; after a full acceptance the cache is one
-        column short and the next ``propose`` catches up in its first forward."""
-        self._lm.rollback(valid)
+    def keep(self, lengths: Sequence[int], padding: Padding) -> None:
+        """Crop the cache to the still-valid prefix (each row's own, in the ragged layout);
+        after a full acceptance the cache is one column short and the next ``propose`` catches
+        up in its first forward."""
+        if self._lm.rows is not None:
+            self._lm.keep_rows(lengths)
+        elif lengths:
+            self._lm.rollback(lengths[0] + padding.lefts[0])  # column-aligned: equal in every row
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Drop finished rows from the cache."""
@@ -99,10 +103,6 @@ class ModelDrafter(Drafter):
     def shiftable(self) -> bool:
         """Whether the draft model's cache serves ragged batches (``CausalLM.shiftable``)."""
         return self._lm.shiftable
-
-    def keep_rows(self, lengths: Sequence[int]) -> None:
-        """Trim each row of the cache to its committed tokens."""
-        self._lm.keep_rows(lengths)
 
     def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:
         """Read the joining rows into the cache (see ``CausalLM.add_rows``)."""

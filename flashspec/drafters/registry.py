@@ -1,14 +1,19 @@
-"""Drafters by name: ``load_drafters`` turns names, models and ready drafters into drafters."""
+"""Drafters by name, and the drafters an engine gets when it is given none.
+
+``load_drafters`` turns names, models and ready drafters into drafters; ``default_drafters`` is
+the one default policy, which ``SpeculativeEngine.from_pretrained`` and ``EngineOptions.build``
+(``flashspec generate``, ``flashspec serve``) both follow.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..config import AUTO_DTYPE
-from ..models import load_pretrained, place_model
+from ..models import DEMO_DRAFT_NAME, DEMO_NAME, TargetModel, load_pretrained, place_model
 from .base import Drafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
@@ -74,3 +79,29 @@ def load_drafters(
                 f"or hub id, one of {PROMPT_LOOKUP_NAMES}, a key of models=, a model or a Drafter"
             )
     return drafters
+
+
+def default_drafters(
+    target_name: str | None,
+    target: TargetModel,
+    *,
+    shipped: Callable[[str, TargetModel], Drafter | None],
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    models: Mapping[str, torch.nn.Module] | None = None,
+) -> list[Drafter]:
+    """The drafters of an engine given none, for the target named ``target_name`` (None: one
+    given as a model) and loaded as ``target``: the demo draft for the demo target; otherwise
+    prompt lookup, after the draft flashspec ships for a named target, if it has one.
+
+    Args:
+        shipped: the draft shipped for a named target, attached to ``target``, or None
+            (``flashspec.loading.bundled_drafter``; passed in, because the loaders import the
+            drafters).
+        device, dtype, models: as for ``load_drafters``.
+    """
+    demo = target_name == DEMO_NAME
+    names = [DEMO_DRAFT_NAME] if demo else [PROMPT_LOOKUP_NAMES[0]]
+    drafters = load_drafters(names, device=device, dtype=dtype, models=models)
+    bundled = None if demo or target_name is None else shipped(target_name, target)
+    return drafters if bundled is None else [bundled, *drafters]

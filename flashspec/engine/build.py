@@ -14,8 +14,9 @@ import torch
 from ..compiled import CompileDecision, resolve_compile
 from ..config import FlashSpecConfig
 from ..drafters import Drafter, load_drafters
+from ..drafters.registry import default_drafters
 from ..loading.drafts import bundled_drafter
-from ..models import DEMO_DRAFT_NAME, DEMO_NAME, TargetModel
+from ..models import DEMO_NAME, TargetModel
 from ..select.policy import default_bandit
 
 if TYPE_CHECKING:
@@ -54,14 +55,15 @@ def engine_parts(
             model=models.get(target or ""),
             tokenizer=tokenizer,
         )
-    # A named target's shipped draft joins the default drafters (flashspec.loading.drafts).
-    named = target if drafters is None and isinstance(target, str) and not demo else None
     if drafters is None:
-        drafters = [DEMO_DRAFT_NAME] if demo else ["prompt_lookup"]
-    drafter_list = load_drafters(drafters, device=config.device, dtype=config.dtype, models=models)
-    bundled = bundled_drafter(named, target_model) if named is not None else None
-    if bundled is not None:
-        drafter_list.insert(0, bundled)  # the draft shipped for this named target
+        name = DEMO_NAME if demo else target if isinstance(target, str) else None
+        drafter_list = default_drafters(name, target_model, shipped=bundled_drafter,
+                                        device=config.device, dtype=config.dtype,
+                                        models=models)  # fmt: skip
+    else:
+        drafter_list = load_drafters(
+            drafters, device=config.device, dtype=config.dtype, models=models
+        )
     if not configured:
         config = dataclasses.replace(config, bandit=default_bandit(drafter_list))
     return config, drafter_list, target_model

@@ -43,14 +43,9 @@ def append(
 def commit(engine: SpeculativeEngine, gen: Generation) -> None:
     """Every cache keeps the committed tokens but the newest (which none has read yet)."""
     engine.target.commit(gen.tokens, gen.padding)
-    width = gen.tokens.shape[1]
-    if gen.shiftable:
-        lengths = [width - 1 - left for left in gen.padding.lefts]
-        for drafter in engine.drafters:
-            drafter.keep_rows(lengths)
-    else:
-        for drafter in engine.drafters:
-            drafter.commit(width - 1)
+    lengths = [gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts]
+    for drafter in engine.drafters:
+        drafter.keep(lengths, gen.padding)
 
 
 def compact(gen: Generation) -> None:

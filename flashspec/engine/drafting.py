@@ -75,7 +75,7 @@ def draft(
         # late would look dearer than it is.
         gen.drafted_by.add(index)
         if learn:
-            drafter.prefill(ctx)
+            drafter.begin(ctx)
             setup = time.perf_counter() - began
     with span("draft"):
         return drafter.propose(ctx, gamma).capped(caps), setup
@@ -98,7 +98,7 @@ def draft_tree(
     if index not in gen.drafted_by:
         gen.drafted_by.add(index)  # as in draft
         if choice.learn:
-            drafter.prefill(ctx)
+            drafter.begin(ctx)
             setup = time.perf_counter() - began
     with span("draft"):
         tree = drafter.propose_tree(ctx, shape)

@@ -44,8 +44,6 @@ class RoundView:
         logits = engine.target.verify(gen.tokens, proposal.tokens, gen.padding)
         acceptance = accept(gen, logits, proposal)
         engine.target.rollback(before)
-        if gen.shiftable:
-            drafter.keep_rows([gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts])
-        else:
-            drafter.commit(gen.tokens.shape[1] - 1)
+        lengths = [gen.tokens.shape[1] - 1 - left for left in gen.padding.lefts]
+        drafter.keep(lengths, gen.padding)
         return proposal, acceptance

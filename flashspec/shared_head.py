@@ -1,0 +1,6 @@
+"""The earlier path of ``flashspec.drafters.shared_head``, kept for old imports
+(``flashspec.legacy``)."""
+
+from .legacy import earlier_module
+
+__getattr__, __dir__, __all__ = earlier_module(globals())
