@@ -11,7 +11,11 @@ import pytest
 
 # The kernel tests also run without torch (against a bare wheel); the engine tests need it.
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-    collect_ignore_glob = ["test_engine*.py", "test_sampling*.py"]
+    collect_ignore_glob = [
+        "engine/test_engine*.py",
+        "engine/test_sampling*.py",
+        "models/test_engine*.py",
+    ]
 else:
     import torch
 
@@ -97,12 +101,12 @@ def make_llama() -> Callable[..., Any]:
     return build_llama
 
 
-# The server tests' shared fixtures (tests/server_helpers.py; imported on use, so that the tests
+# The server tests' shared fixtures (tests/helpers/server.py; imported on use, so that the tests
 # that run without FastAPI never load it).
 @pytest.fixture(scope="module")
 def tiny() -> Iterator[Any]:
     """A started server over a fresh tiny engine, one per test module."""
-    from server_helpers import serve_tiny
+    from tests.helpers.server import serve_tiny
 
     served = serve_tiny()
     try:
@@ -114,6 +118,6 @@ def tiny() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def reference() -> Callable[..., Any]:
     """Batch-1 greedy generation on a tiny engine of its own (``tiny_reference``)."""
-    from server_helpers import tiny_reference
+    from tests.helpers.server import tiny_reference
 
     return tiny_reference()
