@@ -17,7 +17,7 @@ from flashspec.bench.pair import Pair, encode, make_pair
 from flashspec.bench.profile import run_profile
 from flashspec.bench.report import plot_engine
 from flashspec.bench.runner import METHODS, SAMPLING
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 NEW = 8
 PROMPTS = [

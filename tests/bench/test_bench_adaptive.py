@@ -12,7 +12,7 @@ import pytest
 
 from flashspec import ModelDrafter, PromptLookupDrafter, TargetModel, bench
 from flashspec.bench import adaptive as A
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 
 def test_copy_prompts_end_with_the_renamed_header() -> None:

@@ -19,7 +19,7 @@ from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.engine import SpeculativeEngine
 from flashspec.models import TargetModel
-from tests.conftest import build_char_tokenizer, build_llama
+from tests.helpers.models import build_char_tokenizer, build_llama
 
 TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"

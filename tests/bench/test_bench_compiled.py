@@ -17,8 +17,8 @@ from flashspec import bench
 from flashspec.bench import batch as B
 from flashspec.bench import compiled as C
 from flashspec.bench.pair import Pair, make_pair
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
 from tests.helpers.bench import MACHINE, check_missing_model_skipped, load_renderer, needs_renderer
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 NEW = 4
 PROMPTS = [

@@ -20,11 +20,11 @@ from flashspec.compiled import resolve_compile
 from flashspec.compiled.static import MIN_COLUMNS, capacity_for, new_static_cache
 from flashspec.compiled.step import CompiledForward, RecompileError
 from flashspec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from tests.conftest import build_llama
-from tests.engine.test_engine_distribution import PROMPT, exact
-from tests.engine.test_engine_distribution import models as distribution_models
-from tests.engine.test_engine_greedy import PROMPTS, check_equal, models, tokenizer
 from tests.helpers.chi2 import assert_first_two_follow
+from tests.helpers.distribution import PROMPT, exact
+from tests.helpers.distribution import models as distribution_models
+from tests.helpers.greedy import PROMPTS, check_equal, models, tokenizer
+from tests.helpers.models import build_llama
 
 MAX_NEW = 32
 

@@ -21,7 +21,7 @@ from flashspec.models import Padding
 from flashspec.sampling import Warper
 from flashspec.shared_head import build_shared_head_draft, feature_hidden
 from flashspec.trees import ROOT, TokenTree, TreeShape
-from tests.conftest import build_llama
+from tests.helpers.models import build_llama
 
 GREEDY = Warper(0.0)
 SAMPLED = Warper(0.7, 0, 0.9)

@@ -3,7 +3,7 @@ target keeps are its own, and the engine stays exact with them.
 
 References: an independent full forward of the target over the committed tokens (its final
 hidden states), HF ``generate`` (greedy identity, a padded batch too), and the exact first and
-second-token distributions with the chi-squared test of test_engine_distribution.
+second-token distributions (``tests.helpers.distribution``) under the chi-squared test.
 """
 
 from __future__ import annotations
@@ -32,15 +32,9 @@ from flashspec.shared_head import (
     own_state,
     save_shared_head_draft,
 )
-from tests.conftest import build_llama
-from tests.engine.test_engine_distribution import (
-    PROMPT,
-    VOCAB,
-    chi_squared,
-    exact,
-    models,
-    sample_two,
-)
+from tests.helpers.chi2 import chi_squared
+from tests.helpers.distribution import PROMPT, VOCAB, exact, models, sample_two
+from tests.helpers.models import build_llama
 
 SUBSET = [0, 2, 3, 5, 8, 11]
 

@@ -24,15 +24,9 @@ from flashspec.shared_head import (
     own_state,
     save_shared_head_draft,
 )
-from tests.conftest import build_llama
-from tests.engine.test_engine_distribution import (
-    PROMPT,
-    VOCAB,
-    chi_squared,
-    exact,
-    models,
-    sample_two,
-)
+from tests.helpers.chi2 import chi_squared
+from tests.helpers.distribution import PROMPT, VOCAB, exact, models, sample_two
+from tests.helpers.models import build_llama
 
 SUBSET = [0, 2, 3, 5, 8, 11]  # half of the 12-token vocabulary
 

@@ -19,7 +19,7 @@ from flashspec.shared_head import (
     feature_hidden,
     load_shared_head_draft,
 )
-from tests.conftest import build_llama
+from tests.helpers.models import build_llama
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_draft.py"
 pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="no scripts/ in this tree")

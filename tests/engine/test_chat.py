@@ -25,7 +25,7 @@ from flashspec import (  # noqa: E402
 from flashspec._greedy import compare_greedy  # noqa: E402
 from flashspec.cli import main  # noqa: E402
 from flashspec.engine.chat import FALLBACK_CHAT_STOP, chat_ids, conversation, render  # noqa: E402
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy  # noqa: E402
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy  # noqa: E402
 
 # Only characters of the test tokenizer (lowercase, digits, a little punctuation).
 TEMPLATE = (

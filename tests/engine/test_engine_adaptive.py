@@ -26,9 +26,10 @@ from flashspec import (
 )
 from flashspec.bandit import Selector
 from flashspec.drafters import DraftContext, Drafter, Proposal
-from tests.engine.test_engine_distribution import chi_squared, exact, sample_two
-from tests.engine.test_engine_distribution import models as dist_models
-from tests.engine.test_engine_greedy import MAX_NEW, PROMPTS, check_equal, models, tokenizer
+from tests.helpers.chi2 import chi_squared
+from tests.helpers.distribution import exact, sample_two
+from tests.helpers.distribution import models as dist_models
+from tests.helpers.greedy import MAX_NEW, PROMPTS, check_equal, models, tokenizer
 
 
 def adaptive_engine(

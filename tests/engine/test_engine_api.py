@@ -24,7 +24,7 @@ from flashspec import (
     UCB1Selector,
     load_drafters,
 )
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 PROMPT = "def quicksort(arr):"
 

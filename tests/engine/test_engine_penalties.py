@@ -26,8 +26,8 @@ from flashspec import (
     TokenLogprob,
 )
 from flashspec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from tests.conftest import build_llama, perturbed_copy
 from tests.helpers.chi2 import assert_first_two_follow
+from tests.helpers.models import build_llama, perturbed_copy
 
 VOCAB = 24
 PROMPTS = [[3, 5, 7, 5, 3, 9], [4, 4, 4, 8, 10, 12, 4, 4, 11], [6, 7]]

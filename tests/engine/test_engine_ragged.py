@@ -25,10 +25,10 @@ from flashspec._layout import COMPACT_COLUMNS, RowLayout
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
 from flashspec.engine.loop import RoundView
 from flashspec.models import Padding
-from tests.conftest import build_llama, perturbed_copy
-from tests.engine.test_engine_distribution import chi_squared, exact
-from tests.engine.test_engine_distribution import models as sampling_models
-from tests.engine.test_engine_greedy import (
+from tests.helpers.chi2 import chi_squared
+from tests.helpers.distribution import exact
+from tests.helpers.distribution import models as sampling_models
+from tests.helpers.greedy import (
     PROMPTS,
     check_against,
     check_equal,
@@ -37,6 +37,7 @@ from tests.engine.test_engine_greedy import (
     models,
     tokenizer,
 )
+from tests.helpers.models import build_llama, perturbed_copy
 
 MAX_NEW = 32
 

@@ -21,11 +21,11 @@ import pytest
 import flashspec._layout as layout
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
 from flashspec.drafters import Drafter, PromptLookupDrafter
-from tests.engine.test_engine_distribution import PROMPT, chi_squared, exact
-from tests.engine.test_engine_distribution import models as sampling_models
-from tests.engine.test_engine_greedy import PROMPTS, check_rows_without_eos, models, tokenizer
-from tests.helpers.chi2 import assert_first_two_follow, first_two_counts
+from tests.helpers.chi2 import assert_first_two_follow, chi_squared, first_two_counts
+from tests.helpers.distribution import PROMPT, exact
+from tests.helpers.distribution import models as sampling_models
 from tests.helpers.drafters import CutLookup, RecordingDrafter
+from tests.helpers.greedy import PROMPTS, check_rows_without_eos, models, tokenizer
 
 GAMMA = 4
 THRESHOLD = 0.5  # the greedy tests' confidence stop

@@ -230,7 +230,7 @@ def test_engine_at_a_tiny_temperature_gives_the_greedy_output() -> None:
         TargetModel,
     )
     from flashspec.drafters import ModelDrafter
-    from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+    from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
     target = build_llama(0, init_range=0.3)
     engine = SpeculativeEngine(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 pytest.importorskip("llguidance")
 

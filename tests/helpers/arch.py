@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from flashspec._greedy import compare_greedy
-from tests.conftest import perturbed_copy
+from tests.helpers.models import perturbed_copy
 
 VOCAB = 64
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashspec.serve import ServerThread, create_app
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 # The tiny target's context (build_llama's max_position_embeddings).
 TINY_CONTEXT = 256

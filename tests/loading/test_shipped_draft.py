@@ -18,7 +18,7 @@ from flashspec.loading.drafts import DRAFTS_DIR
 from flashspec.models import load_pretrained
 from flashspec.options import EngineOptions
 from flashspec.shared_head import CONFIG_FILE, WEIGHTS_FILE, save_shared_head_draft
-from tests.conftest import build_llama
+from tests.helpers.models import build_llama
 
 MAX_SHIPPED_BYTES = 15 * 2**20  # the bound on a shipped draft
 

@@ -15,7 +15,7 @@ from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, Target
 from flashspec._compat import new_cache
 from flashspec._lean import hf_forward, is_lean, make_lean
 from flashspec.drafters import ModelDrafter
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 
 def _pair(attention: str = "sdpa", kv_heads: int = 2) -> tuple[Any, Any]:

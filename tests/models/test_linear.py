@@ -11,13 +11,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import tests.engine.test_engine_distribution as distribution
 from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, SpeculativeEngine
 from flashspec._greedy import compare_greedy
 from flashspec._linear import DISABLE_ENV, TunedLinear, faster_rows, tune_linears, untuned
 from flashspec.drafters import ModelDrafter
 from flashspec.models import TargetModel
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers import distribution
+from tests.helpers.chi2 import chi_squared
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -114,8 +115,8 @@ def test_a_target_with_every_layer_transposed_samples_the_targets_distribution(
     temperature: float, top_p: float
 ) -> None:
     """Chi-squared of the first two emitted tokens against the exact distributions of the
-    untouched target (``tests/engine/test_engine_distribution.py``'s setup), the verify's rows
-    taking the transposed form."""
+    untouched target (``tests.helpers.distribution``), the verify's rows taking the transposed
+    form."""
     stock, draft = distribution.models()
     model = copy.deepcopy(stock)
     assert tune_linears(model, min_weight=0, timer=_always(set(range(2, 17)))) > 0
@@ -124,5 +125,5 @@ def test_a_target_with_every_layer_transposed_samples_the_targets_distribution(
     first, second = distribution.sample_two(engine, 600, 2, seed=11)  # 2 rows x 5: 10 rows
     p_first, p_second = distribution.exact(temperature, top_p)
     for name, counts, p in (("first", first, p_first), ("second", second, p_second)):
-        stat, critical = distribution.chi_squared(counts, p)
+        stat, critical = chi_squared(counts, p)
         assert stat < critical, f"{name} token: chi2 {stat:.1f} >= {critical}"

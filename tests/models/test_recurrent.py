@@ -23,7 +23,7 @@ from flashspec.bench.recurrent import build
 from flashspec.drafters import DraftContext, Drafter, ModelDrafter, PromptLookupDrafter
 from flashspec.models import Padding
 from flashspec.sampling import Warper
-from tests.conftest import build_char_tokenizer, build_llama, perturbed_copy
+from tests.helpers.models import build_char_tokenizer, build_llama, perturbed_copy
 
 EXACT = ["mamba2", "qwen3_next", "lfm2", "falcon_h1", "mamba", "falcon_mamba", "jamba"]
 # Mamba-1 mixers: exact only because flashspec gives their scan the cached state (_mamba1).
@@ -300,7 +300,7 @@ def second_token_chi2(family: str) -> list[tuple[float, float]]:
     replay, so a wrong state moves the second token's distribution."""
     from collections import Counter
 
-    from tests.engine.test_engine_distribution import chi_squared
+    from tests.helpers.chi2 import chi_squared
 
     target, draft = sampling_pair(family)
     warper = Warper(temperature=1.0)

@@ -23,8 +23,8 @@ from flashspec.drafters import DraftContext, Drafter, Proposal
 from flashspec.models import Padding
 from flashspec.sampling import Warper
 from flashspec.trees import TokenTree, TreeBuilder, TreeShape
-from tests.conftest import build_char_tokenizer, build_llama
 from tests.helpers.chi2 import chi_squared
+from tests.helpers.models import build_char_tokenizer, build_llama
 
 TIE = 1e-4
 MAX_NEW = 24
