@@ -31,11 +31,10 @@ CHECK_TOLERANCE = 1e-4
 replay, relative to the state's largest magnitude (plus this much absolute): chunked and
 single-step scans round differently, a wrong state differs by the state itself."""
 
-# Families whose stateful caches are verified here (tests/models/test_recurrent.py): greedy
-# output equal to HF ``generate``, target and drafter, batches. The value says whether one
-# forward over several tokens after a cached state is exact as transformers ships it; where it
-# is not, the family's mixers get their cached state as the scan's initial state
-# (``flashspec._mamba1``).
+# Families whose stateful caches are verified (tests/models/test_recurrent.py): greedy output equal
+# to HF ``generate``, target and drafter, batches. The value says whether one forward over
+# several tokens after a cached state is exact as transformers ships it; where it is not, the
+# family's mixers get their cached state as the scan's initial state (``flashspec._mamba1``).
 _CHUNKED_EXACT: dict[str, bool] = {
     "mamba2": True,
     "qwen3_next": True,
