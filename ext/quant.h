@@ -146,7 +146,7 @@ void fs_repack_q5_0(const uint8_t *in, size_t kb, uint8_t *out);
  *            vcvtph2ps xmm) and the OS's ZMM state (XGETBV: opmask, ZMM_Hi256,
  *            Hi16_ZMM); _quant.c's check (avx512 + fma + f16c) covers all of it
  * They handle any m (passes of at most 12 x rows), n >= 1 and kb >= 0, save rbx,
- * rbp, r12-r15. Checked by tests/abi/checkquant.c (tests/test_quant_abi.py).
+ * rbp, r12-r15. Checked by tests/kernels/abi/checkquant.c (tests/kernels/test_quant_abi.py).
  */
 void fs_qmm_q4_0_avx2(const fs_qjob *job);
 void fs_qmm_q4_1_avx2(const fs_qjob *job);

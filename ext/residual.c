@@ -1,6 +1,6 @@
 /*
  * residual.c - the portable C backend ("scalar") and the C reference the asm
- * backends are checked against (tests/abi/checkasm.c).
+ * backends are checked against (tests/kernels/abi/checkasm.c).
  *
  * Semantics are those of kernels.h. IEEE order rules forbid a compiler from
  * vectorising a single running float sum, so the lanes are explicit (generic

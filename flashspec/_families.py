@@ -3,8 +3,8 @@ cache layers (``flashspec.kv.state`` judges those): a forward that does not deco
 tokens after its cache, a cache class of the family's own, attention that is not causal, and
 positions that do not follow left padding.
 
-Each entry is backed by tests/test_arch_sweep.py, which builds a tiny model of every causal-LM
-architecture transformers ships and compares flashspec with the model's own greedy
+Each entry is backed by tests/models/test_arch_sweep.py, which builds a tiny model of every
+causal-LM architecture transformers ships and compares flashspec with the model's own greedy
 ``generate``; an architecture that breaks in a new transformers release shows up there.
 """
 

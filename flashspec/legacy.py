@@ -1,7 +1,7 @@
 """Every earlier name that flashspec keeps working, listed and provided in one place.
 
 Earlier names come from two sources: the earlier FlashSpec library, whose quickstart runs
-unchanged (``tests/test_earlier_quickstart.py``), and flashspec's own paths from before the
+unchanged (``tests/project/test_earlier_quickstart.py``), and flashspec's own paths from before the
 package per area (#22). ``EARLIER`` is the table: each row gives the earlier name, what it is
 now, and since when and why. Names are written ``module:attribute`` (flags as typed).
 

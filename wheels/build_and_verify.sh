@@ -3,7 +3,7 @@
 #
 #   bash wheels/build_and_verify.sh              wheel + sdist, audited, installed, checked
 #   bash wheels/build_and_verify.sh --no-sdist   skip the sdist round trip
-#   bash wheels/build_and_verify.sh --no-pytest  skip tests/test_residual.py on the installed wheel
+#   bash wheels/build_and_verify.sh --no-pytest  skip tests/kernels/test_residual.py on the installed wheel
 #   bash wheels/build_and_verify.sh --no-abi3    skip installing the wheel on later CPythons
 #
 # Steps (each timed; any failure stops the script with a non-zero exit):
@@ -20,7 +20,7 @@
 #                 every backend against a float64 NumPy reference, the module loaded from
 #                 the venv, asm backends present where the CPU has them
 #   6b. abi3      the same wheel installed and checked on each CPython >= 3.12 found here
-#   7. pytest     tests/test_residual.py, copied out of the checkout, against the wheel
+#   7. pytest     tests/kernels/test_residual.py, copied out of the checkout, against the wheel
 #   8. sdist      python -m build --sdist -> wheels/dist/; it must hold asm/, ext/ and no
 #                 binaries; a wheel built from the unpacked sdist alone passes 3 and 6 too
 #
@@ -242,16 +242,16 @@ if [[ $DO_ABI3 == 1 ]]; then
 fi
 
 # ------------------------------------------------------------------ 7. pytest
-if [[ $DO_PYTEST == 1 && -f $ROOT/tests/test_residual.py ]]; then
-    say "7. tests/test_residual.py against the installed wheel"
+if [[ $DO_PYTEST == 1 && -f $ROOT/tests/kernels/test_residual.py ]]; then
+    say "7. tests/kernels/test_residual.py against the installed wheel"
     quiet venv-pytest "$VENV/bin/python" -m pip install --disable-pip-version-check \
         -c "$CONSTRAINTS" pytest hypothesis
     TESTS=$WORK/pytest
-    mkdir -p "$TESTS/tests"
-    cp "$ROOT/tests/test_residual.py" "$TESTS/tests/"
+    mkdir -p "$TESTS/tests/kernels"
+    cp "$ROOT/tests/kernels/test_residual.py" "$TESTS/tests/kernels/"
     (cd "$TESTS" && env -u PYTHONPATH "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-        tests/test_residual.py 2>&1 | tail -n 3 | sed 's/^/   /'; exit "${PIPESTATUS[0]}") \
-        || die "tests/test_residual.py failed against the installed wheel"
+        tests/kernels/test_residual.py 2>&1 | tail -n 3 | sed 's/^/   /'; exit "${PIPESTATUS[0]}") \
+        || die "tests/kernels/test_residual.py failed against the installed wheel"
     lap pytest
 fi
 

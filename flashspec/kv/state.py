@@ -31,7 +31,7 @@ CHECK_TOLERANCE = 1e-4
 replay, relative to the state's largest magnitude (plus this much absolute): chunked and
 single-step scans round differently, a wrong state differs by the state itself."""
 
-# Families whose stateful caches are verified here (tests/test_recurrent.py): greedy output equal
+# Families whose stateful caches are verified (tests/models/test_recurrent.py): greedy output equal
 # to HF ``generate``, target and drafter, batches. The value says whether one forward over
 # several tokens after a cached state is exact as transformers ships it; where it is not, the
 # family's mixers get their cached state as the scan's initial state (``flashspec.kv.mamba1``).
@@ -52,7 +52,7 @@ _ATTENTION_LAYERS = frozenset(
 )
 
 # Attention models whose forward over several tokens after a cached state is not their own
-# one-token decoding as transformers ships them, found by tests/test_arch_sweep.py: by cache
+# one-token decoding as transformers ships them, found by tests/models/test_arch_sweep.py: by cache
 # layer kind, then by model type. Such a model cannot be a target; as a drafter it is fed one
 # token per forward after a cached state (``CacheSupport.chunked_exact`` False).
 _STEPWISE_LAYERS: dict[str, str] = {

@@ -1,7 +1,7 @@
 """Exact acceptance of token trees (``flashspec.trees.accept``).
 
 Greedy acceptance is compared with the greedy continuation read off a context -> logits table.
-Sampled acceptance is tested by chi-squared (alpha = 0.01, ``chi2_helpers``) on the joint law
+Sampled acceptance is tested by chi-squared (alpha = 0.01, ``tests.helpers.chi2``) on the joint law
 of the first two emitted tokens of a toy Markov target (V = 6), against the exact
 p1(x1) p2(x2 | x1), for deterministic, sampled (a token drawn twice included), mixed and warped
 trees. ``test_residual_without_the_rejected_mass_is_caught`` breaks the residual update and
@@ -17,7 +17,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from chi2_helpers import chi_squared
 
 import flashspec.trees.accept as accept_module
 from flashspec.sampling import Warper
@@ -29,6 +28,7 @@ from flashspec.trees import (
     accept_tree,
     accept_tree_greedy,
 )
+from tests.helpers.chi2 import chi_squared
 
 # ---------------------------------------------------------------------------------------------
 # Greedy

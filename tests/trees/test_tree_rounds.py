@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 import torch
-from chi2_helpers import chi_squared
-from conftest import build_char_tokenizer, build_llama
 
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
 from flashspec.drafters import DraftContext, Drafter, Proposal
 from flashspec.models import Padding
 from flashspec.sampling import Warper
 from flashspec.trees import TokenTree, TreeBuilder, TreeShape
+from tests.helpers.chi2 import chi_squared
+from tests.helpers.models import build_char_tokenizer, build_llama
 
 TIE = 1e-4
 MAX_NEW = 24

@@ -1,0 +1,60 @@
+"""The one default-drafter policy (``flashspec.drafters.default_drafters``): the Python API
+(``SpeculativeEngine.from_pretrained``) and the command line and server
+(``EngineOptions.build``) give an engine built without drafters the same ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flashspec.loading.drafts as drafts
+from flashspec import SpeculativeEngine
+from flashspec.drafters import FeatureDrafter, ModelDrafter, PromptLookupDrafter
+from flashspec.drafters.shared_head import build_shared_head_draft, save_shared_head_draft
+from flashspec.options import EngineOptions
+from tests.helpers.models import build_char_tokenizer, build_llama
+
+
+def chosen(engine: SpeculativeEngine) -> list[tuple[str, str]]:
+    return [(type(d).__name__, d.name) for d in engine.drafters]
+
+
+def both(target: str) -> list[tuple[str, str]]:
+    """The default drafters for ``target``, checked equal from both entries."""
+    api = chosen(SpeculativeEngine.from_pretrained(target))
+    assert chosen(EngineOptions(target=target).build()) == api
+    return api
+
+
+def saved_target(folder: Path) -> Any:
+    model = build_llama(0)
+    model.save_pretrained(folder)
+    build_char_tokenizer().save_pretrained(folder)
+    return model
+
+
+def test_the_demo_target_drafts_with_the_demo_draft() -> None:
+    assert both("demo") == [(ModelDrafter.__name__, "demo-draft")]
+
+
+def test_another_target_drafts_by_prompt_lookup(tmp_path: Path) -> None:
+    saved_target(tmp_path / "tiny")
+    assert both(str(tmp_path / "tiny")) == [(PromptLookupDrafter.__name__, "prompt_lookup")]
+
+
+def test_a_named_target_drafts_with_its_shipped_draft_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = saved_target(tmp_path / "tiny")
+    vocab = int(model.config.vocab_size)
+    draft = build_shared_head_draft(model, list(range(vocab)), layers=1, reads="features")
+    save_shared_head_draft(draft, tmp_path / "drafts" / "tiny")
+    name = str(tmp_path / "tiny")
+    monkeypatch.setattr(drafts, "DRAFTS_DIR", tmp_path / "drafts")
+    monkeypatch.setattr(drafts, "BUNDLED_DRAFTS", {name.lower(): "tiny"})
+    assert both(name) == [
+        (FeatureDrafter.__name__, f"{name.lower()}-draft"),
+        (PromptLookupDrafter.__name__, "prompt_lookup"),
+    ]

@@ -1,0 +1,1 @@
+"""What more than one test module needs, imported as ``tests.helpers.<name>``."""
