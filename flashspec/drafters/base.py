@@ -83,7 +83,7 @@ class Proposal:
 
     ``lengths``: how many of its g drafts each row really proposes (None: all of them). A row's
     tokens after its length are filler that is never accepted; in a ragged batch the target
-    does not even read them (their columns are dead, ``flashspec._layout``), so a row with
+    does not even read them (their columns are dead, ``flashspec.kv.layout``), so a row with
     nothing to propose decodes plainly inside the batch's verification.
     """
 

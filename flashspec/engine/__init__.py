@@ -11,7 +11,7 @@ One round, each step in one place (``SpeculativeEngine._round`` in ``loop``):
 3. accept   ``sampling.accept_*``: accept/reject on the device, then ONE host read per round;
 4. commit   append the emitted tokens; every cache keeps each row's valid prefix (dead columns
             and a crop for attention, a restored snapshot for recurrent state:
-            ``flashspec._layout``, ``flashspec._state``);
+            ``flashspec.kv.layout``, ``flashspec.kv.state``);
 5. stop     EOS, stop strings, max_new_tokens, each row's context limit; stream the new text
             (``stopping``);
 6. learn    the policy observes the round.
@@ -28,7 +28,7 @@ bonus), exactly the round it would run alone: rows share the forwards but no ran
 decision, so each row's output is exact by the batch-1 argument. In the token matrix the rows
 stay right-aligned (a row that emitted fewer moves right, its left padding grows); in each cache
 a row's rejected drafts stay where they are as dead columns, masked, with explicit positions,
-and are packed away once there are enough (``flashspec._layout``). Rows can also join a running
+and are packed away once there are enough (``flashspec.kv.layout``). Rows can also join a running
 generation (``TokenStream.join``): their prompts are read into the caches before the next round.
 
 Lockstep (``batching="lockstep"``, and always for models whose caches cannot keep rows apart:

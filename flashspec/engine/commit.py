@@ -50,7 +50,7 @@ def commit(engine: SpeculativeEngine, gen: Generation) -> None:
 
 def compact(gen: Generation) -> None:
     """Cut the token matrix's leading columns that are padding in every row once there are
-    enough (the caches of ragged batches keep their own layout, ``flashspec._layout``)."""
+    enough (the caches of ragged batches keep their own layout, ``flashspec.kv.layout``)."""
     count = gen.padding.min_left
     if gen.shiftable and count >= COMPACT_COLUMNS and gen.live:
         gen.tokens = gen.tokens[:, count:]

@@ -572,7 +572,7 @@ class SpeculativeEngine:
     def shiftable(self) -> bool:
         """Whether the rows of a batch can commit their own counts (ragged batches) and join a
         running generation: the target's and every drafter's cache can move rows along the
-        columns (``flashspec._layout``). Models with windowed attention (sliding-window,
+        columns (``flashspec.kv.layout``). Models with windowed attention (sliding-window,
         chunked, local) and recurrent models cannot; their batches run in lockstep, equally
         exact."""
         return self.target.shiftable and all(d.shiftable for d in self.drafters)

@@ -1,5 +1,5 @@
 """The target's final hidden states, kept for a drafter that reads them (EAGLE's features,
-``flashspec.feature_drafter``): ``HiddenStates``, the buffer ``TargetModel`` fills at every
+``flashspec.drafters.features``): ``HiddenStates``, the buffer ``TargetModel`` fills at every
 column verification reads, and ``final_norm``, the module whose output they are.
 
 States are kept by column of the token matrix (column-aligned caches) or, in a cache whose rows

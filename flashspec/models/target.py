@@ -188,7 +188,7 @@ class TargetModel(CausalLM):
         tokens = torch.cat([pending, drafts], dim=1) if drafts.shape[1] else pending
         return self.forward(tokens, padding, keep=drafts.shape[1] + 1)
 
-    # Hidden states for drafters that read them (``flashspec.feature_drafter``).
+    # Hidden states for drafters that read them (``flashspec.drafters.features``).
 
     @property
     def tracks_features(self) -> bool:
