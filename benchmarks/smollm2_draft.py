@@ -60,10 +60,10 @@ import torch
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
 from flashspec.bench.identity import compare_greedy
+from flashspec.cli.options import EngineOptions
 from flashspec.feature_drafter import FeatureDrafter
 from flashspec.loading import bundled_draft
 from flashspec.models import ForwardSignature, crop_cache, new_cache, untuned
-from flashspec.options import EngineOptions
 from flashspec.shared_head import feature_hidden
 from flashspec.trees import TreeShape
 

@@ -51,6 +51,7 @@ class Earlier(NamedTuple):
 _LAYOUT = "0.1.0, the package per area (#22, 714c0fb): the module moved into its area's package"
 _LIBRARY = "0.1.0 (#22, f8a154e): the earlier FlashSpec library's name; its quickstart runs as is"
 _ONE_NAME = "0.1.0 (#22, f8a154e): one name per concept"
+_CLI = "0.1.0, the command line's package (#39): the module moved into flashspec.cli"
 
 
 def _moved(module: str, current: str, names: tuple[str, ...], since: str) -> list[Earlier]:
@@ -119,6 +120,29 @@ EARLIER: tuple[Earlier, ...] = (
         "flashspec.serve.service",
         ("NORMALIZED_TEXT_SLACK", "UNBOUNDED_DEFAULT_MAX_TOKENS", "prompt_char_limit"),
         _LAYOUT,
+    ),
+    # The command line's package (#39, item 6): the engine flags and what every command
+    # shares, and `flashspec serve`'s parser, moved into flashspec.cli.
+    *_moved(
+        "flashspec.options",
+        "flashspec.cli.options",
+        (
+            "COMPILE_CHOICES",
+            "EngineOptions",
+            "UserError",
+            "add_compile_argument",
+            "check_model_name",
+            "compile_setting",
+            "first_line",
+            "quiet_libraries",
+        ),
+        _CLI,
+    ),
+    *_moved(
+        "flashspec.serve.cli",
+        "flashspec.cli.serve",
+        ("add_parser", "cmd_serve", "grace_seconds", "port", "seconds"),
+        _CLI,
     ),
     *_moved("flashspec.engine", "flashspec.models", ("TargetModel",), _LIBRARY),
     *_moved("flashspec.engine", "flashspec.drafters", ("load_drafters",), _LIBRARY),

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .. import _argtypes
+from ..cli import argtypes
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
@@ -538,21 +538,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompts",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=10,
         help="prompts per workload (HumanEval, copy); the mixed stream has both",
     )
-    parser.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
-    parser.add_argument("--max-prompt-tokens", type=_argtypes.positive_int, default=192)
+    parser.add_argument("--max-new-tokens", type=argtypes.positive_int, default=128)
+    parser.add_argument("--max-prompt-tokens", type=argtypes.positive_int, default=192)
     parser.add_argument(
         "--window",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=None,
         help="selectors' sliding window in rounds (default: none)",
     )
     parser.add_argument(
         "--exploration",
-        type=_argtypes.finite_float,
+        type=argtypes.finite_float,
         default=BanditConfig.exploration,
         help=f"UCB1's c (default {BanditConfig.exploration})",
     )
@@ -567,12 +567,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seeds",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=1,
         help="passes over the stream with fresh seeds in the sampled regime (default 1; greedy "
         "output is the same under every seed, so greedy makes one pass)",
     )
-    parser.add_argument(
-        "--threads", type=_argtypes.positive_int, default=None, help="torch threads"
-    )
+    parser.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch threads")
     parser.add_argument("--name", default="adaptive", help="result file stem (default adaptive)")

@@ -40,8 +40,9 @@ from typing import Any
 
 import torch
 
-from .. import _argtypes
 from .._lean import hf_forward
+from ..cli import argtypes
+from ..cli.options import add_compile_argument, compile_setting
 from ..compiled import CompileSetting
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -49,7 +50,6 @@ from ..engine import SpeculativeEngine
 from ..loading.gguf import MissingDependencyError
 from ..loading.named import ModelNotInstalledError
 from ..models import DEMO_NAMES, TargetModel
-from ..options import add_compile_argument, compile_setting
 from . import common
 from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
 from .identity import count_statuses, row_statuses, worst, worst_verdict
@@ -562,24 +562,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashspec bench batch`` (besides the model options the parser shares)."""
     parser.add_argument(
         "--batches",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         nargs="+",
         default=list(DEFAULT_BATCHES),
         help=f"batch sizes (default {' '.join(map(str, DEFAULT_BATCHES))})",
     )
     parser.add_argument(
         "--prompts",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=DEFAULT_PROMPTS,
         help=f"HumanEval prompts, the first N (default {DEFAULT_PROMPTS}); each batch size runs "
         "them all, in batches of consecutive prompts",
     )
     parser.add_argument(
-        "--max-new-tokens", type=_argtypes.positive_int, default=64, help="per row (default 64)"
+        "--max-new-tokens", type=argtypes.positive_int, default=64, help="per row (default 64)"
     )
     parser.add_argument(
         "--repeats",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=3,
         help="passes over the prompts at each batch size; medians are reported (default 3)",
     )

@@ -124,8 +124,8 @@ class ChatMethods:
         threads: int | None = None,
         build: Callable[..., Any] | None = None,
     ) -> None:
+        from ..cli.options import EngineOptions
         from ..loading import is_gguf, resolve_model_path
-        from ..options import EngineOptions
 
         self.target = target
         self.gamma = gamma

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import _argtypes
-from ..options import EngineOptions, add_compile_argument
+from ..cli import argtypes
+from ..cli.options import EngineOptions, add_compile_argument
 from .common import DEFAULT_OUT
 
 
@@ -55,13 +55,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--threads",
-            type=_argtypes.positive_int,
+            type=argtypes.positive_int,
             default=None,
             help="torch threads (default: torch's own)",
         )
         p.add_argument(
             "--max-prompt-tokens",
-            type=_argtypes.positive_int,
+            type=argtypes.positive_int,
             default=128,
             help="keep the last N prompt tokens (default 128: the demo pair trained on "
             "256-token windows, and 128 new tokens follow)",
@@ -71,17 +71,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         add_compile_argument(p)
         p.add_argument(
             "--humaneval",
-            type=_argtypes.nonnegative_int,
+            type=argtypes.nonnegative_int,
             default=None,
             help="HumanEval prompts (first N; default 20, 12 for a real model)",
         )
         p.add_argument(
-            "--stdlib", type=_argtypes.nonnegative_int, default=10, help="held-out stdlib prefixes"
+            "--stdlib", type=argtypes.nonnegative_int, default=10, help="held-out stdlib prefixes"
         )
-        p.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
+        p.add_argument("--max-new-tokens", type=argtypes.positive_int, default=128)
         p.add_argument(
             "--sweep-prompts",
-            type=_argtypes.nonnegative_int,
+            type=argtypes.nonnegative_int,
             default=None,
             help="prompts in the gamma sweep (default 8; a real model: 4 of each workload)",
         )
@@ -93,7 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument("--no-sweep", action="store_true", help="skip the gamma sweep")
         p.add_argument(
             "--lengths",
-            type=_argtypes.int_list,
+            type=argtypes.int_list,
             default=None,
             help="new-token counts of the long-generation study: the default engine against "
             "HF greedy at each, and time per round against context length (default "
@@ -101,7 +101,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--length-prompts",
-            type=_argtypes.positive_int,
+            type=argtypes.positive_int,
             default=None,
             help="prompts of the long-generation study (default 4; a real model 3)",
         )
@@ -122,7 +122,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--copy",
-        type=_argtypes.nonnegative_int,
+        type=argtypes.nonnegative_int,
         default=None,
         help="a real model: copy-heavy chat requests (rename, docstring, type hints, quote a "
         "text; default 16)",
@@ -147,9 +147,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common(profile)
     models(profile)
     profile.add_argument(
-        "--prompts", type=_argtypes.positive_int, default=6, help="HumanEval prompts profiled"
+        "--prompts", type=argtypes.positive_int, default=6, help="HumanEval prompts profiled"
     )
-    profile.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
+    profile.add_argument("--max-new-tokens", type=argtypes.positive_int, default=128)
     profile.add_argument(
         "--name",
         default="profile",
@@ -206,7 +206,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     every.add_argument(
         "--profile-prompts",
         dest="prompts",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=6,
         help="prompts profiled",
     )

@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
-from .. import _argtypes
 from .._lean import hf_forward
+from ..cli import argtypes
 from ..compiled import CompiledForward
 from ..compiled.static import capacity_for
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
@@ -812,19 +812,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashspec bench compiled`` (besides the model options the parser shares)."""
     parser.add_argument(
         "--prompts",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=DEFAULT_PROMPTS,
         help=f"HumanEval prompts, the first N (default {DEFAULT_PROMPTS})",
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=DEFAULT_NEW_TOKENS,
         help=f"per prompt (default {DEFAULT_NEW_TOKENS})",
     )
     parser.add_argument(
         "--repeats",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=DEFAULT_REPEATS,
         help=f"passes over the prompts; medians are reported (default {DEFAULT_REPEATS})",
     )

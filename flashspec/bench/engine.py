@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .._greedy import compare_greedy
+from ..cli.options import compile_setting
 from ..compiled import CompileSetting
-from ..options import compile_setting
 from .common import (
     Prompt,
     humaneval_prompts,
