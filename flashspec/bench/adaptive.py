@@ -528,6 +528,9 @@ def _selector_list(text: str) -> tuple[str, ...]:
     return kinds
 
 
+HELP = "online drafter/gamma selection vs every fixed arm, on real workloads"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashspec bench adaptive``."""
     parser.add_argument("--target", default="demo", help="target (default: the demo target)")

@@ -129,6 +129,9 @@ def pair(family: str, layers: int = 8, seed: int = 0) -> tuple[Any, Any]:
     return target, draft
 
 
+HELP = "recurrent/hybrid pairs: speedup over HF generate, replay cost"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashspec bench recurrent``."""
     parser.add_argument(

@@ -316,6 +316,9 @@ def probabilities(text: str) -> tuple[float, ...]:
     return means
 
 
+HELP = "selectors' synthetic regret on Bernoulli arms"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``flashspec bench regret`` options (besides ``--quick``/``--out-dir``/...)."""
     parser.add_argument(
