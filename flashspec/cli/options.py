@@ -2,9 +2,11 @@
 
 ``flashspec generate`` and ``flashspec serve`` add them with ``EngineOptions.add_arguments``
 and build with ``EngineOptions.from_args(args).build()``; a field reads one flag, and the
-errors name the flag the user typed. What every command shares lives here too (``UserError``,
-``first_line``, ``quiet_libraries``): ``flashspec.cli`` imports the subcommands' modules, so they
-cannot import it back.
+errors name the flag the user typed. The cluster's replicas build from these options too
+(``ClusterSettings.engine``, also read from Ray Serve config files), and ``flashspec bench``
+adds the model flags. What every command shares lives here too (``UserError``, ``first_line``,
+``quiet_libraries``): the parser (``cli.command``) imports every command, so they cannot import
+it back.
 """
 
 from __future__ import annotations

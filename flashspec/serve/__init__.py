@@ -1,6 +1,7 @@
 """``flashspec serve``: an OpenAI-compatible HTTP server over a ``SpeculativeEngine``.
 
-Lazy re-exports (PEP 562), so that ``flashspec.serve.cli`` loads without the ``[serve]`` extra.
+Lazy re-exports (PEP 562), so that ``flashspec serve``'s parser (``flashspec.cli.serve``) loads
+without the ``[serve]`` extra.
 """
 
 # The modules, one job each; imports go one way, from the top of this list down:
