@@ -18,7 +18,7 @@ without the ``[serve]`` extra.
 #   protocol     request models, their validation, ApiError
 #   worker       the engine thread that batches jobs
 #   metrics      Prometheus counters, gauges, histograms
-#   cli          the ``flashspec serve`` subcommand (imports the rest only when it runs)
+#   cli          the earlier path of ``flashspec.cli.serve``, the ``flashspec serve`` command
 
 from __future__ import annotations
 
