@@ -591,7 +591,7 @@ def run_lead(data: dict[str, Any], drafted: str) -> str:
 
 def batch_section(runs: list[dict[str, Any]]) -> str:
     """``flashspec bench batch`` runs (``batch.json``, ``batch-*.json``): one table each."""
-    from flashspec.bench.batch import table, target_lines
+    from flashspec.bench.batch.report import table, target_lines
 
     lines: list[str] = []
     for data in runs:
@@ -624,7 +624,7 @@ def batch_section(runs: list[dict[str, Any]]) -> str:
 def compiled_section(runs: list[dict[str, Any]]) -> str:
     """``flashspec bench compiled`` runs (``compiled.json``, ``compiled-*.json``): the
     throughput table, the compile costs and the weight streaming of each."""
-    from flashspec.bench.compiled import compile_table, streaming_lines, table
+    from flashspec.bench.compiled.report import compile_table, streaming_lines, table
 
     lines: list[str] = []
     for data in runs:

@@ -60,11 +60,11 @@ import torch
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
 from flashspec.bench.identity import compare_greedy
+from flashspec.cli.options import EngineOptions
 from flashspec.drafters import FeatureDrafter
 from flashspec.drafters.shared_head import feature_hidden
 from flashspec.loading.drafts import bundled_draft
 from flashspec.models import ForwardSignature, crop_cache, new_cache, untuned
-from flashspec.options import EngineOptions
 from flashspec.trees import TreeShape
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -52,6 +52,8 @@ _LAYOUT = "0.1.0, the package per area (#22, 714c0fb): the module moved into its
 _LIBRARY = "0.1.0 (#22, f8a154e): the earlier FlashSpec library's name; its quickstart runs as is"
 _ONE_NAME = "0.1.0 (#22, f8a154e): one name per concept"
 _DRAFTERS = "0.1.0, the drafters package (#39): the module moved into flashspec.drafters"
+_CLI = "0.1.0, the command line's package (#39): the module moved into flashspec.cli"
+_BENCH = "0.1.0, no benchmark module over 600 lines (#39): the module became a package"
 
 
 def _moved(module: str, current: str, names: tuple[str, ...], since: str) -> list[Earlier]:
@@ -143,6 +145,174 @@ EARLIER: tuple[Earlier, ...] = (
         ),
         _DRAFTERS,
     ),
+    # The command line's package (#39, item 6): the engine flags and what every command
+    # shares, and `flashspec serve`'s parser, moved into flashspec.cli.
+    *_moved(
+        "flashspec.options",
+        "flashspec.cli.options",
+        (
+            "COMPILE_CHOICES",
+            "EngineOptions",
+            "UserError",
+            "add_compile_argument",
+            "check_model_name",
+            "compile_setting",
+            "first_line",
+            "quiet_libraries",
+        ),
+        _CLI,
+    ),
+    *_moved(
+        "flashspec.serve.cli",
+        "flashspec.cli.serve",
+        ("add_parser", "cmd_serve", "grace_seconds", "port", "seconds"),
+        _CLI,
+    ),
+    # The benchmarks over 600 lines, each split into a package (#39): what it times
+    # (methods), the run (measure), the tables (report), the flags and main (command).
+    # Their earlier ``report`` function is the report module's ``text`` now.
+    *_moved(
+        "flashspec.bench.batch",
+        "flashspec.bench.batch.command",
+        ("add_arguments", "main", "result_name", "settings_from_args"),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.batch",
+        "flashspec.bench.batch.measure",
+        ("BatchSettings", "DEFAULT_PROMPTS", "check_targets", "run_batch"),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.batch",
+        "flashspec.bench.batch.methods",
+        (
+            "BASELINE",
+            "BatchRun",
+            "BatchRunner",
+            "DEFAULT_BATCHES",
+            "LABELS",
+            "METHODS",
+            "WARMUP_TOKENS",
+            "describe",
+            "engine_config",
+            "left_pad",
+        ),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.batch",
+        "flashspec.bench.batch.report",
+        ("table", "target_lines"),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.chat",
+        "flashspec.bench.chat.command",
+        ("main", "settings_from_args"),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.chat",
+        "flashspec.bench.chat.measure",
+        (
+            "ChatSettings",
+            "DEFAULT_COPY",
+            "DEFAULT_HUMANEVAL",
+            "DEFAULT_SWEEP_GAMMAS",
+            "DEFAULT_SWEEP_PROMPTS",
+            "SPEEDUP_TARGET",
+            "VS_LOOKUP_TARGET",
+            "check_targets",
+            "cost_probe",
+            "gamma_sweep",
+            "identity",
+            "run_chat",
+            "spread",
+            "summarise",
+        ),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.chat",
+        "flashspec.bench.chat.methods",
+        (
+            "BF16_METHODS",
+            "ChatMethods",
+            "FP32_METHODS",
+            "HF_LOOKUP_TOKENS",
+            "LLAMACPP_CONTEXT",
+            "LLAMACPP_LOOKUP_TOKENS",
+            "LLAMACPP_METHODS",
+            "METHODS",
+            "Run",
+            "SWEEP_PREFIX",
+            "WORKLOADS",
+            "baseline_of",
+            "llamacpp_module",
+        ),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.compiled",
+        "flashspec.bench.compiled.command",
+        ("add_arguments", "main", "result_name", "settings_from_args"),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.compiled",
+        "flashspec.bench.compiled.measure",
+        (
+            "CompiledSettings",
+            "DEFAULT_NEW_TOKENS",
+            "DEFAULT_PROMPTS",
+            "DEFAULT_REPEATS",
+            "STREAMING_FLOOR",
+            "checks",
+            "describe",
+            "ratios",
+            "run_compiled",
+            "run_dtype",
+            "spread",
+            "warmup_order",
+        ),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.compiled",
+        "flashspec.bench.compiled.methods",
+        (
+            "BASELINE",
+            "Call",
+            "CompiledRunner",
+            "DTYPES",
+            "FLASHSPEC",
+            "LABELS",
+            "METHODS",
+            "MODES",
+            "REFERENCE",
+            "dynamo_graphs",
+            "engine_config",
+            "hf_compile_config",
+            "inductor_cache",
+            "mode_sampling",
+            "weight_bytes",
+        ),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.compiled",
+        "flashspec.bench.compiled.report",
+        ("compile_table", "identity_cell", "streaming_lines", "table"),
+        _BENCH,
+    ),
+    *_moved(
+        "flashspec.bench.chat",
+        "flashspec.bench.chat_requests",
+        ("COPY_KINDS", "ChatRequest", "chat_ids", "copy_prompts", "humaneval_requests"),
+        _BENCH,
+    ),
+    *_moved("flashspec.bench.chat", "flashspec.bench.common", ("result_name",), _BENCH),
     *_moved("flashspec.engine", "flashspec.models", ("TargetModel",), _LIBRARY),
     *_moved("flashspec.engine", "flashspec.drafters", ("load_drafters",), _LIBRARY),
     Earlier(

@@ -1,5 +1,6 @@
 """The ``flashspec bench`` commands (engine, kernel, profile, regret, adaptive, recurrent, batch,
-compiled), one module each, and the helpers that research scripts in ``benchmarks/`` build on."""
+compiled), a module each (a package of methods, measure, report and command where one module
+would pass 600 lines), and the helpers that research scripts in ``benchmarks/`` build on."""
 
 from __future__ import annotations
 

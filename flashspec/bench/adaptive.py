@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .. import _argtypes
+from ..cli import argtypes
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
@@ -528,6 +528,9 @@ def _selector_list(text: str) -> tuple[str, ...]:
     return kinds
 
 
+HELP = "online drafter/gamma selection vs every fixed arm, on real workloads"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashspec bench adaptive``."""
     parser.add_argument("--target", default="demo", help="target (default: the demo target)")
@@ -538,21 +541,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompts",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=10,
         help="prompts per workload (HumanEval, copy); the mixed stream has both",
     )
-    parser.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
-    parser.add_argument("--max-prompt-tokens", type=_argtypes.positive_int, default=192)
+    parser.add_argument("--max-new-tokens", type=argtypes.positive_int, default=128)
+    parser.add_argument("--max-prompt-tokens", type=argtypes.positive_int, default=192)
     parser.add_argument(
         "--window",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=None,
         help="selectors' sliding window in rounds (default: none)",
     )
     parser.add_argument(
         "--exploration",
-        type=_argtypes.finite_float,
+        type=argtypes.finite_float,
         default=BanditConfig.exploration,
         help=f"UCB1's c (default {BanditConfig.exploration})",
     )
@@ -567,12 +570,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seeds",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=1,
         help="passes over the stream with fresh seeds in the sampled regime (default 1; greedy "
         "output is the same under every seed, so greedy makes one pass)",
     )
-    parser.add_argument(
-        "--threads", type=_argtypes.positive_int, default=None, help="torch threads"
-    )
+    parser.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch threads")
     parser.add_argument("--name", default="adaptive", help="result file stem (default adaptive)")

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .._greedy import compare_greedy
+from ..cli import argtypes
+from ..cli.options import compile_setting
 from ..compiled import CompileSetting
-from ..options import compile_setting
+from . import flags
 from .common import (
     Prompt,
     humaneval_prompts,
@@ -377,15 +379,42 @@ def gamma_sweep(
     return out
 
 
+HELP = "flashspec vs HF generate / assisted generation / prompt lookup"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashspec bench engine`` (besides ``--quick``, ``--out-dir`` and
+    ``--no-progress``)."""
+    flags.models(parser)
+    flags.engine(parser)
+    parser.add_argument(
+        "--name",
+        default="engine",
+        help="result file stem (default engine; for a real model its name, e.g. smollm2)",
+    )
+    parser.add_argument(
+        "--copy",
+        type=argtypes.nonnegative_int,
+        default=None,
+        help="a real model: copy-heavy chat requests (rename, docstring, type hints, quote a "
+        "text; default 16)",
+    )
+    parser.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="a real model: skip the llama.cpp rows (they need llama-cpp-python and a GGUF)",
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     """``flashspec bench engine``: the demo pair here; any other target (a real model such
     as ``smollm2``) runs the chat benchmark (``flashspec.bench.chat``)."""
     from ..models import DEMO_NAMES
 
     if args.target not in DEMO_NAMES:
-        from . import chat
+        from .chat.command import main as chat_main
 
-        return chat.main(args)
+        return chat_main(args)
     # The demo pair's defaults (the parser leaves them None: a real model has its own).
     if args.humaneval is None:
         args.humaneval = 20

@@ -309,6 +309,15 @@ def plot(data: dict[str, Any], path: Path, plt: Any) -> None:
     plt.close(fig)
 
 
+HELP = "residual kernel vs NumPy, torch and C"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashspec bench kernel`` (besides ``--quick``, ``--out-dir`` and
+    ``--no-progress``)."""
+    parser.add_argument("--name", default="kernel", help="result file stem (default kernel)")
+
+
 def main(args: argparse.Namespace) -> int:
     """``flashspec bench kernel``: run, print the table and the ratios, write JSON and plot."""
     data = {"machine": machine_info(), **run(args.quick, not args.no_progress)}

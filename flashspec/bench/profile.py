@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli import argtypes
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
 from ..models import TargetModel
 from ..profiling import Spans, profiling
+from . import flags
 from .common import (
     Prompt,
     humaneval_prompts,
@@ -183,6 +185,24 @@ def run_profile(
         },
         "modes": results,
     }
+
+
+HELP = "where one round's time goes"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashspec bench profile`` (besides ``--quick``, ``--out-dir`` and
+    ``--no-progress``)."""
+    flags.models(parser)
+    parser.add_argument(
+        "--prompts", type=argtypes.positive_int, default=6, help="HumanEval prompts profiled"
+    )
+    parser.add_argument("--max-new-tokens", type=argtypes.positive_int, default=128)
+    parser.add_argument(
+        "--name",
+        default="profile",
+        help="result file stem (default profile; for a real model profile-NAME)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

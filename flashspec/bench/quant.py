@@ -166,6 +166,15 @@ def summarise(rows: list[dict[str, Any]], bandwidth: float) -> dict[str, Any]:
     return out
 
 
+HELP = "quantized matmul kernels per GGUF format, backend and row count"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashspec bench quant`` (besides ``--quick``, ``--out-dir`` and
+    ``--no-progress``)."""
+    parser.add_argument("--name", default="quant", help="result file stem (default quant)")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the kernel benchmark and write ``quant.json`` to ``args.out_dir``."""
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import _argtypes
+from ..cli import argtypes
 from .common import machine_info, progress, write_json
 
 # Small random pairs of each supported stateful family (tiny configs, nothing downloaded): an
@@ -129,15 +129,18 @@ def pair(family: str, layers: int = 8, seed: int = 0) -> tuple[Any, Any]:
     return target, draft
 
 
+HELP = "recurrent/hybrid pairs: speedup over HF generate, replay cost"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashspec bench recurrent``."""
     parser.add_argument(
         "--families", default=",".join(FAMILIES), help=f"model types (default {','.join(FAMILIES)})"
     )
-    parser.add_argument("--prompts", type=_argtypes.positive_int, default=8)
-    parser.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=96)
-    parser.add_argument("--gamma", type=_argtypes.positive_int, default=4)
-    parser.add_argument("--layers", type=_argtypes.positive_int, default=8)
+    parser.add_argument("--prompts", type=argtypes.positive_int, default=8)
+    parser.add_argument("--max-new-tokens", type=argtypes.positive_int, default=96)
+    parser.add_argument("--gamma", type=argtypes.positive_int, default=4)
+    parser.add_argument("--layers", type=argtypes.positive_int, default=8)
     parser.add_argument("--name", default="recurrent", help="result file stem")
 
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _argtypes
 from .._validate import is_int
+from ..cli import argtypes
 from ..select.bandit import Selector, ThompsonSelector, UCB1Selector
 from .common import DEFAULT_OUT, machine_info, progress, pyplot, write_json
 
@@ -316,6 +316,9 @@ def probabilities(text: str) -> tuple[float, ...]:
     return means
 
 
+HELP = "selectors' synthetic regret on Bernoulli arms"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``flashspec bench regret`` options (besides ``--quick``/``--out-dir``/...)."""
     parser.add_argument(
@@ -326,22 +329,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--horizon",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=None,
         help=f"pulls per run, T (default {DEFAULT_HORIZON:,}; {QUICK_HORIZON:,} with --quick)",
     )
     parser.add_argument(
         "--runs",
-        type=_argtypes.positive_int,
+        type=argtypes.positive_int,
         default=None,
         help=f"runs averaged (default {DEFAULT_RUNS}; {QUICK_RUNS} with --quick)",
     )
     parser.add_argument(
-        "--seed", type=_argtypes.nonnegative_int, default=0, help="base seed (default 0)"
+        "--seed", type=argtypes.nonnegative_int, default=0, help="base seed (default 0)"
     )
     parser.add_argument(
         "--exploration",
-        type=_argtypes.finite_float,
+        type=argtypes.finite_float,
         default=1.0,
         help="UCB1's exploration constant c (default 1)",
     )

@@ -1,6 +1,7 @@
 """``flashspec serve``: an OpenAI-compatible HTTP server over a ``SpeculativeEngine``.
 
-Lazy re-exports (PEP 562), so that ``flashspec.serve.cli`` loads without the ``[serve]`` extra.
+Lazy re-exports (PEP 562), so that ``flashspec serve``'s parser (``flashspec.cli.serve``) loads
+without the ``[serve]`` extra.
 """
 
 # The modules, one job each; imports go one way, from the top of this list down:
@@ -17,7 +18,7 @@ Lazy re-exports (PEP 562), so that ``flashspec.serve.cli`` loads without the ``[
 #   protocol     request models, their validation, ApiError
 #   worker       the engine thread that batches jobs
 #   metrics      Prometheus counters, gauges, histograms
-#   cli          the ``flashspec serve`` subcommand (imports the rest only when it runs)
+#   cli          the earlier path of ``flashspec.cli.serve``, the ``flashspec serve`` command
 
 from __future__ import annotations
 

@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 
 from flashspec import bench
-from flashspec.bench import chat as C
+from flashspec.bench import chat_requests, common
+from flashspec.bench.chat import command as C
+from flashspec.bench.chat import measure as chat_measure
+from flashspec.bench.chat import methods as chat_methods
 from flashspec.bench.report import chat_sweep_table, chat_table, report_chat
 from flashspec.config import BanditConfig, FlashSpecConfig, SamplingConfig
 from flashspec.drafters import PromptLookupDrafter
@@ -28,8 +31,8 @@ TEMPLATE = (
 
 
 def test_copy_prompts_cycle_the_kinds_and_strip_what_they_ask_for() -> None:
-    requests = C.copy_prompts(8)
-    assert [r.kind for r in requests] == list(C.COPY_KINDS) * 2
+    requests = chat_requests.copy_prompts(8)
+    assert [r.kind for r in requests] == list(chat_requests.COPY_KINDS) * 2
     assert len({r.id for r in requests}) == 8 and {r.workload for r in requests} == {"copy"}
     for r in requests:
         if r.kind in ("docstring", "type_hints"):
@@ -45,16 +48,16 @@ def test_copy_prompts_cycle_the_kinds_and_strip_what_they_ask_for() -> None:
         if r.kind == "rename":
             old, new = re.findall(r"`(\w+)`", r.user)[:2]
             assert old != new and old in r.user.split("```python", 1)[1]
-    assert C.humaneval_requests(2)[1].id == "HumanEval/1"
+    assert chat_requests.humaneval_requests(2)[1].id == "HumanEval/1"
 
 
 def test_spread_and_result_name() -> None:
-    assert C.spread(list(range(8)), 2) == [0, 7]
-    assert C.spread(list(range(8)), 3) == [0, 4, 7]
-    assert C.spread([1, 2], 5) == [1, 2]
-    assert C.spread([1, 2], 1) == [1]
-    assert C.result_name("smollm2") == "smollm2"
-    assert C.result_name("/x/SmolLM2-135M.Q4_1.gguf") == "SmolLM2-135M.Q4_1"
+    assert chat_measure.spread(list(range(8)), 2) == [0, 7]
+    assert chat_measure.spread(list(range(8)), 3) == [0, 4, 7]
+    assert chat_measure.spread([1, 2], 5) == [1, 2]
+    assert chat_measure.spread([1, 2], 1) == [1]
+    assert common.result_name("smollm2") == "smollm2"
+    assert common.result_name("/x/SmolLM2-135M.Q4_1.gguf") == "SmolLM2-135M.Q4_1"
 
 
 def test_parser_flags_and_defaults() -> None:
@@ -63,7 +66,7 @@ def test_parser_flags_and_defaults() -> None:
     args = parser.parse_args(["bench", "engine", "--target", "smollm2", "--copy", "3"])
     assert args.copy == 3 and args.no_llamacpp is False and args.humaneval is None
     settings = C.settings_from_args(args)
-    assert settings.copy == 3 and settings.humaneval == C.DEFAULT_HUMANEVAL
+    assert settings.copy == 3 and settings.humaneval == chat_measure.DEFAULT_HUMANEVAL
     assert settings.draft is None  # the demo's default draft is dropped for a real model
     quick = C.settings_from_args(
         parser.parse_args(["bench", "engine", "--target", "smollm2", "--quick", "--no-llamacpp"])
@@ -87,7 +90,7 @@ def result() -> dict[str, Any]:
         target = TargetModel("tiny", model=copy.deepcopy(model), tokenizer=tokenizer, dtype=dtype)
         return SpeculativeEngine(config, [PromptLookupDrafter()], target)
 
-    settings = C.ChatSettings(
+    settings = chat_measure.ChatSettings(
         target="tiny",
         max_new_tokens=6,
         humaneval=1,
@@ -98,14 +101,14 @@ def result() -> dict[str, Any]:
         progress=False,
         probe_reps=2,
     )
-    return C.run_chat(settings, build=build)
+    return chat_measure.run_chat(settings, build=build)
 
 
 def test_run_schema(result: dict[str, Any]) -> None:
     json.dumps(result)
     names = result["settings"]["methods"]
     assert "llamacpp" not in names and names[0] == "hf_greedy"
-    assert set(C.FP32_METHODS + C.BF16_METHODS) <= set(names)
+    assert set(chat_methods.FP32_METHODS + chat_methods.BF16_METHODS) <= set(names)
     assert [p["workload"] for p in result["prompts"]] == ["humaneval", "copy", "copy"]
     for prompt in result["prompts"]:
         for method, record in prompt["methods"].items():

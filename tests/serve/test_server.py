@@ -540,7 +540,7 @@ def test_without_fastapi_the_error_says_what_to_install(
 ) -> None:
     import importlib
 
-    import flashspec.serve.cli as serve_cli
+    import flashspec.cli.serve as serve_cli
     from flashspec.cli import main
 
     monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` now fails

@@ -41,47 +41,32 @@ in the settings).
 
 from __future__ import annotations
 
-import argparse
 import gc
-import importlib
 import statistics
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import torch
+from ...compiled.static import capacity_for
+from ...config import FlashSpecConfig
+from ..common import Prompt, progress
+from ..identity import count_statuses, row_statuses, worst, worst_verdict
+from ..pair import Pair, encode
+from ..runner import TEMPERATURE, TOP_P
+from .methods import (
+    BASELINE,
+    FLASHSPEC,
+    METHODS,
+    MODES,
+    REFERENCE,
+    Call,
+    CompiledRunner,
+    engine_config,
+    hf_compile_config,
+    inductor_cache,
+    weight_bytes,
+)
 
-from .. import _argtypes
-from .._lean import hf_forward
-from ..compiled import CompiledForward
-from ..compiled.static import capacity_for
-from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
-from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from ..engine import SpeculativeEngine
-from ..loading.gguf import MissingDependencyError
-from ..loading.named import ModelNotInstalledError
-from ..models import DEMO_NAMES, TargetModel
-from . import common
-from .common import Prompt, humaneval_prompts, machine_info, progress, quiet_timing, write_json
-from .identity import count_statuses, row_statuses, worst, worst_verdict
-from .pair import Pair, draft_for, encode, load_pair, quiet_and_threads
-from .runner import TEMPERATURE, TOP_P
-
-BASELINE = "hf_static_compiled"
-REFERENCE = "hf_eager"
-METHODS = (REFERENCE, BASELINE, "flashspec_eager", "flashspec_compiled")
-FLASHSPEC = ("flashspec_eager", "flashspec_compiled")
-LABELS = {
-    REFERENCE: "HF generate (eager)",
-    BASELINE: "HF generate (static cache, compiled)",
-    "flashspec_eager": "flashspec eager",
-    "flashspec_compiled": "flashspec compiled",
-}
-MODES = ("greedy", "sampled")
-DTYPES = ("float32", "bfloat16")
 DEFAULT_PROMPTS = 16
 DEFAULT_NEW_TOKENS = 64
 DEFAULT_REPEATS = 2
@@ -90,198 +75,6 @@ STREAMING_FLOOR = 26e9
 """Bytes per second: a weight-streaming floor quoted from shared/design.md (a 540 MB torch sum
 ran at 26 GB/s on the project's earlier 2-core AVX-512 machine), not measured by this
 benchmark nor necessarily on the machine it runs on."""
-
-
-def hf_compile_config() -> Any:
-    """HF's ``CompileConfig`` for ``hf_static_compiled``: what ``flashspec.compiled.step``
-    passes ``torch.compile`` on a CPU (inductor, ``fullgraph=True``, ``dynamic=False``, mode
-    ``"default"``; HF's default mode is ``"reduce-overhead"``, CUDA graphs, which a CPU has
-    none of). ``_compile_all_devices`` is a class attribute, not a field, so it is set on the
-    instance: without it ``generate`` compiles on CUDA (and a few accelerators) only."""
-    from transformers import CompileConfig
-
-    config: Any = CompileConfig(fullgraph=True, dynamic=False, backend="inductor", mode="default")
-    config._compile_all_devices = True
-    return config
-
-
-def dynamo_graphs() -> int:
-    """Graphs dynamo has compiled in this process so far (every model, every method)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def inductor_cache() -> dict[str, Any]:
-    """Inductor's on-disk cache of compiled code: whether it is on and already holds entries.
-    A warm cache shortens a later process's first calls (``first_call_seconds``) by the code
-    generation it saves; dynamo still traces every graph. For a cold compile, run with a fresh
-    ``TORCHINDUCTOR_CACHE_DIR`` (or ``TORCHINDUCTOR_FX_GRAPH_CACHE=0``)."""
-    config: Any = importlib.import_module("torch._inductor.config")
-    directory = Path(importlib.import_module("torch._inductor.runtime.cache_dir_utils").cache_dir())
-    return {
-        "fx_graph_cache": bool(config.fx_graph_cache),
-        "dir": str(directory),
-        "warm_at_start": directory.is_dir() and any(directory.iterdir()),
-    }
-
-
-def weight_bytes(model: Any) -> int:
-    """Bytes of ``model``'s parameters (a tied embedding counted once): what one forward
-    streams from memory."""
-    return sum(int(p.numel()) * p.element_size() for p in model.parameters())
-
-
-def engine_config(method: str, gamma: int, lookup: bool) -> FlashSpecConfig:
-    """The engine configuration of a flashspec method (the draft length ``gamma``; the sampling
-    settings come per call, ``mode_sampling``)."""
-    if method not in FLASHSPEC:
-        raise ValueError(f"{method!r} is not a flashspec method; choose from {FLASHSPEC}")
-    compile_ = method == "flashspec_compiled"
-    sampling = SamplingConfig(gamma=gamma)
-    if lookup:
-        # What SpeculativeEngine.from_pretrained builds for a target drafted by prompt lookup.
-        bandit = BanditConfig(plain=True, context="lookup")
-        return FlashSpecConfig(sampling=sampling, bandit=bandit, compile=compile_)
-    return FlashSpecConfig(sampling=sampling, compile=compile_)
-
-
-def mode_sampling(mode: str, gamma: int) -> SamplingConfig:
-    """The sampling settings of a mode: greedy, or the engine benchmark's temperature/top-p."""
-    if mode == "greedy":
-        return SamplingConfig(gamma=gamma)
-    if mode == "sampled":
-        return SamplingConfig(gamma=gamma, temperature=TEMPERATURE, top_p=TOP_P)
-    raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-
-
-# ---------------------------------------------------------------------------------- running
-
-
-@dataclass
-class Call:
-    """One method on one prompt: its new tokens, wall seconds, target forwards (a flashspec
-    round is one; HF runs one per token) and the dynamo graphs compiled during the call."""
-
-    tokens: list[int]
-    seconds: float
-    forwards: int
-    graphs: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-
-class CompiledRunner:
-    """Runs each method on one prompt, all on the pair's own model objects; one engine per
-    flashspec method, kept for every call (its compiled graphs with it)."""
-
-    def __init__(self, pair: Pair, gamma: int, max_new_tokens: int) -> None:
-        self.pair = pair
-        self.gamma = gamma
-        self.max_new_tokens = max_new_tokens
-        self.lookup = pair.draft is None
-        self.compile_config = hf_compile_config()
-        self._engines: dict[str, SpeculativeEngine] = {}
-
-    @property
-    def drafter(self) -> str:
-        """What the flashspec methods draft with: the draft model's name, or prompt lookup."""
-        return "prompt_lookup" if self.lookup else str(self.pair.draft_name)
-
-    def engine(self, method: str) -> SpeculativeEngine:
-        """The engine of a flashspec method, built on first use."""
-        if method not in self._engines:
-            pair = self.pair
-            drafter: Drafter = (
-                PromptLookupDrafter()
-                if self.lookup
-                else ModelDrafter(pair.draft, name=pair.draft_name, tokenizer=pair.tokenizer)
-            )
-            target = TargetModel(pair.target_name, model=pair.target, tokenizer=pair.tokenizer)
-            config = engine_config(method, self.gamma, self.lookup)
-            self._engines[method] = SpeculativeEngine(config, [drafter], target)
-        return self._engines[method]
-
-    def compiled_forwards(self, method: str) -> list[CompiledForward]:
-        """The compiled forwards of a flashspec method's engine (target first), once built."""
-        engine = self._engines.get(method)
-        if engine is None:
-            return []
-        forwards = [engine.target.compiled]
-        forwards += [d.lm.compiled for d in engine.drafters if d.lm is not None]
-        return [f for f in forwards if f is not None]
-
-    def missing_lengths(self, method: str) -> list[int]:
-        """Token counts a compiled forward of ``method`` compiles that no call has compiled yet
-        (each a compile still to come)."""
-        missing: list[int] = []
-        for forward in self.compiled_forwards(method):
-            seen = {tokens for _, tokens, _ in forward.graphs}
-            missing += [n for n in forward.lengths if n not in seen]
-        return missing
-
-    def run(
-        self,
-        method: str,
-        ids: Sequence[int],
-        mode: str,
-        seed: int,
-        max_new_tokens: int | None = None,
-    ) -> Call:
-        """Time ``method`` on the prompt ``ids`` in ``mode``."""
-        n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-        if method in FLASHSPEC:
-            return self._run_engine(method, ids, mode, seed, n)
-        return self._run_hf(method, ids, mode, seed, n)
-
-    def _run_engine(self, method: str, ids: Sequence[int], mode: str, seed: int, n: int) -> Call:
-        engine = self.engine(method)
-        sampling = mode_sampling(mode, self.gamma)
-        with quiet_timing():
-            before = dynamo_graphs()
-            start = time.perf_counter()
-            result = engine.generate(
-                list(ids), max_new_tokens=n, ignore_eos=True, seed=seed, sampling=sampling
-            )
-            seconds = time.perf_counter() - start
-        stats = result.stats
-        return Call(
-            [int(t) for t in result.tokens[0]],
-            seconds,
-            forwards=stats.rounds,
-            graphs=dynamo_graphs() - before,
-            drafted=stats.drafted,
-            accepted=stats.accepted,
-        )
-
-    def _run_hf(self, method: str, ids: Sequence[int], mode: str, seed: int, n: int) -> Call:
-        pair = self.pair
-        x = torch.tensor([list(ids)], dtype=torch.int64)
-        # EOS is off in the generation config (make_pair); min_new_tokens says the same should
-        # it be set again, so HF's tokens are the engine's with ignore_eos.
-        kwargs: dict[str, Any] = {
-            "attention_mask": torch.ones_like(x),
-            "max_new_tokens": n,
-            "min_new_tokens": n,
-            "pad_token_id": pair.pad_id,
-        }
-        if mode == "sampled":
-            kwargs.update(do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if method == BASELINE:
-            kwargs.update(cache_implementation="static", compile_config=self.compile_config)
-        torch.manual_seed(seed)
-        with hf_forward(pair.target), torch.inference_mode(), quiet_timing():
-            before = dynamo_graphs()
-            start = time.perf_counter()
-            out = pair.target.generate(x, **kwargs)
-            seconds = time.perf_counter() - start
-        tokens = [int(t) for t in out[0, len(ids) :].tolist()]
-        # A prefill and a one-token step per later token: a forward per token.
-        return Call(tokens, seconds, forwards=len(tokens), graphs=dynamo_graphs() - before)
 
 
 # ------------------------------------------------------------------------------- the sweep
@@ -567,7 +360,7 @@ def run_dtype(pair: Pair, prompts: Sequence[Prompt], settings: CompiledSettings)
                 # HF's static cache length after every call: the longest it was asked for.
                 "max_cache_len": int(hf_cache) if isinstance(hf_cache, int) else None,
                 "graphs": sum(warm[BASELINE]["graphs"] for warm in warmups.values()),
-                "graphs_after_warmup": _after_warmup(modes, BASELINE),
+                "graphs_after_warmup": graphs_after_warmup(modes, BASELINE),
             },
         },
         "weight_streaming": {
@@ -650,6 +443,11 @@ def run_compiled(
     return data
 
 
+def graphs_after_warmup(modes: dict[str, Any], method: str) -> int:
+    """Graphs ``method`` compiled in the timed passes of every mode."""
+    return sum(int(records[method]["graphs_after_warmup"]) for records in modes.values())
+
+
 def describe(config: FlashSpecConfig) -> dict[str, Any]:
     """The fields of an engine configuration that tell the methods apart (for the JSON)."""
     bandit = config.bandit
@@ -681,236 +479,3 @@ def checks(data: dict[str, Any]) -> dict[str, Any]:
         "recompiles_after_warmup": recompiles,
         "no_recompiles": not any(recompiles.values()),
     }
-
-
-# ---------------------------------------------------------------------------------- report
-
-
-def _range(record: dict[str, Any], repeats: int, digits: int, suffix: str = "") -> str:
-    text = f"{record['median']:.{digits}f}{suffix}"
-    if repeats > 1:
-        text += f" ({record['min']:.{digits}f}-{record['max']:.{digits}f})"
-    return text
-
-
-def identity_cell(record: dict[str, Any]) -> str:
-    """``12/16 (+1 tie)``, ``..., 2 MISMATCH``, ``(reference)`` or ``-`` (sampled)."""
-    identity = record.get("identity")
-    if identity is None:
-        return "-"
-    same = f"{identity['identical']}/{identity['rows']}"
-    if identity["tie"]:
-        same += f" (+{identity['tie']} tie)"
-    if identity["mismatch"]:
-        same += f", {identity['mismatch']} MISMATCH"
-    return same
-
-
-def table(data: dict[str, Any]) -> str:
-    """The results as a Markdown table: one line per dtype, mode and method."""
-    lines = [
-        "| dtype | mode | method | tokens/s | vs HF static compiled | vs HF eager "
-        "| first call (s) | greedy rows identical to HF eager |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    repeats = int(data["settings"]["repeats"])
-    for run in data["runs"]:
-        for mode, records in run["modes"].items():
-            for method, record in records.items():
-                vs_static = (
-                    "1 (baseline)"
-                    if method == BASELINE
-                    else _range(record["vs_hf_static_compiled"], repeats, 2, "x")
-                )
-                vs_eager = (
-                    "1" if method == REFERENCE else _range(record["vs_hf_eager"], repeats, 2, "x")
-                )
-                same = "(reference)" if method == REFERENCE and mode == "greedy" else ""
-                same = same or identity_cell(record)
-                lines.append(
-                    f"| {run['dtype']} | {mode} | {LABELS.get(method, method)} "
-                    f"| {_range(record['tokens_per_second'], repeats, 1)} | {vs_static} "
-                    f"| {vs_eager} | {record['first_call_seconds']:.2f} | {same} |"
-                )
-    return "\n".join(lines)
-
-
-def _after_warmup(modes: dict[str, Any], method: str) -> int:
-    """Graphs ``method`` compiled in the timed passes of every mode."""
-    return sum(int(records[method]["graphs_after_warmup"]) for records in modes.values())
-
-
-def compile_table(data: dict[str, Any]) -> str:
-    """The compiled methods' compile costs, per dtype, as a Markdown table."""
-    lines = [
-        "| dtype | method | first call (s) | compiling (s) | graphs | after the warm-up |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for run in data["runs"]:
-        modes = run["modes"]
-        mode = next(iter(modes))  # the first mode's first call compiles
-        hf = run["compile"][BASELINE]
-        lines.append(
-            f"| {run['dtype']} | {LABELS[BASELINE]} "
-            f"| {modes[mode][BASELINE]['first_call_seconds']:.2f} | (in the first call) "
-            f"| {hf['graphs']} | {_after_warmup(modes, BASELINE)} graph(s) compiled |"
-        )
-        fs = run["compile"]["flashspec_compiled"]
-        failed = f"; failed: {'; '.join(fs['failed'])}" if fs["failed"] else ""
-        lines.append(
-            f"| {run['dtype']} | {LABELS['flashspec_compiled']} "
-            f"| {modes[mode]['flashspec_compiled']['first_call_seconds']:.2f} "
-            f"| {fs['compile_seconds']:.2f} | {fs['graphs']} "
-            f"| {_after_warmup(modes, 'flashspec_compiled')} graph(s) compiled, "
-            f"{fs['recompiles_after_warmup']} recompile(s){failed} |"
-        )
-    return "\n".join(lines)
-
-
-def streaming_lines(data: dict[str, Any]) -> list[str]:
-    """Achieved target-weight bytes per second against the machine's streaming floor."""
-    lines = []
-    for run in data["runs"]:
-        stream = run["weight_streaming"]
-        cells = [
-            f"{LABELS[row['method']]} ({row['mode']}) {row['weight_bytes_per_second'] / 1e9:.2f} "
-            f"GB/s ({row['share_of_streaming_floor']:.1%} of the floor)"
-            for row in stream["rows"]
-        ]
-        lines.append(
-            f"- {run['dtype']}: target weights {stream['target_weight_bytes'] / 1e6:.1f} MB; "
-            + ", ".join(cells)
-        )
-    return lines
-
-
-def report(data: dict[str, Any]) -> str:
-    """The tables, the weight streaming and the checks, for the terminal."""
-    check = data["checks"]
-    floor = STREAMING_FLOOR / 1e9
-    return "\n".join(
-        [
-            table(data),
-            "",
-            compile_table(data),
-            "",
-            f"target weight bytes x target forwards/s, against the {floor:.0f} GB/s streaming "
-            "floor (shared/design.md, not measured here):",
-            *streaming_lines(data),
-            "",
-            "flashspec greedy rows identical to HF eager (or ties): "
-            + ("yes" if check["flashspec_greedy_identical"] else f"NO: {check['mismatches']}"),
-            f"flashspec compiled, recompiles after warm-up: {check['recompiles_after_warmup']}",
-        ]
-    )
-
-
-# ------------------------------------------------------------------------------ the command
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``flashspec bench compiled`` (besides the model options the parser shares)."""
-    parser.add_argument(
-        "--prompts",
-        type=_argtypes.positive_int,
-        default=DEFAULT_PROMPTS,
-        help=f"HumanEval prompts, the first N (default {DEFAULT_PROMPTS})",
-    )
-    parser.add_argument(
-        "--max-new-tokens",
-        type=_argtypes.positive_int,
-        default=DEFAULT_NEW_TOKENS,
-        help=f"per prompt (default {DEFAULT_NEW_TOKENS})",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=_argtypes.positive_int,
-        default=DEFAULT_REPEATS,
-        help=f"passes over the prompts; medians are reported (default {DEFAULT_REPEATS})",
-    )
-    parser.add_argument(
-        "--modes", nargs="+", choices=MODES, default=list(MODES), help="default: both"
-    )
-    parser.add_argument(
-        "--dtype",
-        dest="dtypes",
-        nargs="+",
-        choices=DTYPES,
-        default=["float32"],
-        help="weights' dtypes, each a run of its own (default float32)",
-    )
-    parser.add_argument(
-        "--name",
-        default=None,
-        help="result file stem (default compiled; for a real model compiled-NAME)",
-    )
-
-
-def result_name(target: str) -> str:
-    """``compiled`` for the demo pair, ``compiled-NAME`` for another target."""
-    if target in DEMO_NAMES:
-        return "compiled"
-    return f"compiled-{common.result_name(target)}"
-
-
-def settings_from_args(args: argparse.Namespace) -> CompiledSettings:
-    """The run ``args`` describes (``--quick``: 4 prompts, 16 tokens, one pass)."""
-    prompts, max_new, repeats = args.prompts, args.max_new_tokens, args.repeats
-    if args.quick:
-        prompts, max_new, repeats = min(prompts, 4), min(max_new, 16), 1
-    return CompiledSettings(
-        prompts=prompts,
-        max_new_tokens=max_new,
-        max_prompt_tokens=args.max_prompt_tokens,
-        gamma=args.gamma,
-        repeats=repeats,
-        modes=tuple(dict.fromkeys(args.modes)),
-        dtypes=tuple(dict.fromkeys(args.dtypes)),
-        progress=not args.no_progress,
-        extra={"quick": bool(args.quick), "threads": args.threads, "command": " ".join(sys.argv)},
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    """``flashspec bench compiled``: run, print the tables, write the JSON.
-
-    Exit status 1 when a flashspec greedy row differs from HF eager's beyond a floating-point
-    tie, or the compiled path compiled again after its warm-up; a target that cannot be loaded
-    here (a named model whose package is absent) is skipped, status 0.
-    """
-    quiet_and_threads(args.threads)
-    settings = settings_from_args(args)
-    draft = draft_for(args.target, args.draft)
-
-    try:
-        loaded = [load_pair(args.target, draft)]  # fail early, before anything is timed
-    except (ModelNotInstalledError, MissingDependencyError) as exc:
-        print(
-            f"flashspec bench compiled: skipped, {args.target!r} is not available: {exc}",
-            file=sys.stderr,
-        )
-        return 0
-
-    def load(dtype: str) -> Pair:
-        # The first dtype takes the pair loaded above; each later one loads afresh (HF keeps
-        # its compiled call and static cache length on the model object).
-        pair = loaded.pop() if loaded else load_pair(args.target, draft)
-        to = getattr(torch, dtype)
-        pair.target.to(to)
-        if pair.draft is not None:
-            pair.draft.to(to)
-        return pair
-
-    name = args.name or result_name(args.target)
-    settings.extra["name"] = name
-    machine = machine_info()  # after set_num_threads: it records the threads in use
-    started = time.perf_counter()
-    data = {
-        "machine": machine,
-        **run_compiled(load, humaneval_prompts(settings.prompts), settings),
-    }
-    data["wall_seconds"] = round(time.perf_counter() - started, 1)
-    print(report(data))
-    write_json(data, Path(args.out_dir) / f"{name}.json")
-    check = data["checks"]
-    return 0 if check["flashspec_greedy_identical"] and check["no_recompiles"] else 1

@@ -1,47 +1,22 @@
-"""The ``flashspec`` command: ``flashspec generate``, ``flashspec info`` (and ``flashspec bench``).
-
-Errors a user can fix (a missing model, a hub id while offline, mismatched vocabularies, bad flag
-values) print one line saying what to do and exit with status 2; no traceback.
-"""
+"""``flashspec generate``: its arguments and its command (stream a continuation, then stats)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import platform
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from . import _argtypes
+from . import argtypes
 from .options import EngineOptions, UserError, first_line, quiet_libraries
 
-EXIT_USAGE = 2
 
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line with a pointer to --help."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-# ------------------------------------------------------------------------------------ parsing
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``flashspec`` command."""
-    parser = _Parser(
-        prog="flashspec",
-        description="Lossless speculative decoding for HuggingFace causal LMs.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    gen = commands.add_parser(
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``generate`` to ``subparsers`` (the parent's ``add_subparsers()`` object)."""
+    gen: argparse.ArgumentParser = subparsers.add_parser(
         "generate",
         help="generate text with speculative decoding",
         description=(
@@ -52,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("prompt", nargs="?", help="the prompt (or use --batch-file)")
     EngineOptions.add_arguments(gen)
-    gen.add_argument("--max-new-tokens", type=_argtypes.positive_int, default=128)
+    gen.add_argument("--max-new-tokens", type=argtypes.positive_int, default=128)
     gen.add_argument(
         "--batch-file",
         type=Path,
@@ -90,23 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run plain target decoding; print the speedup and whether outputs match",
     )
     gen.set_defaults(func=cmd_generate)
-
-    # `flashspec bench engine|kernel|profile|all` lives with the benchmarks (flashspec.bench).
-    from .bench import add_parser as add_bench_parser
-
-    add_bench_parser(commands)
-
-    info = commands.add_parser(
-        "info", help="versions, kernel backend, CPU features, demo pair, named models"
-    )
-    info.add_argument("--json", action="store_true", help="print as JSON")
-    info.set_defaults(func=cmd_info)
-
-    # `flashspec serve`: the OpenAI-compatible HTTP server (flashspec.server, [serve] extra).
-    from .serve.cli import add_parser as add_serve_parser
-
-    add_serve_parser(commands)
-    return parser
+    return gen
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -156,7 +115,7 @@ def _prompt_ids(engine: Any, prompt: str, args: argparse.Namespace) -> tuple[lis
         raise UserError(f"--target {args.target}: the model has no tokenizer to encode a prompt")
     if args.chat is None:
         return [int(t) for t in tokenizer(prompt, add_special_tokens=True)["input_ids"]], None
-    from .engine.chat import chat_ids
+    from ..engine.chat import chat_ids
 
     with _generation_errors():
         ids, stops = chat_ids(tokenizer, prompt, args.system)
@@ -235,7 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if args.temperature == 0:
-            from ._greedy import compare_greedy
+            from .._greedy import compare_greedy
 
             target = engine.target
             comparison = compare_greedy(
@@ -279,7 +238,7 @@ def _generation_errors() -> Iterator[None]:
 
 def _grammar(args: argparse.Namespace) -> Any:
     """The ``flashspec.grammar.Grammar`` that --json-schema or --regex asks for, or None."""
-    from .grammar import Grammar, GrammarError
+    from ..grammar import Grammar, GrammarError
 
     if args.json_schema is not None and args.regex is not None:
         raise UserError("give --json-schema or --regex, not both")
@@ -326,137 +285,3 @@ def _plain_generate(
     with torch.inference_mode():
         output = target.model.generate(ids, **options)
     return [int(t) for t in output[0, ids.shape[1] :].tolist()]
-
-
-def _version_of(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_name() -> str:
-    # platform.processor() is empty on most Linux systems; /proc/cpuinfo names the model.
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def info() -> dict[str, Any]:
-    """What ``flashspec info`` reports, as a dict."""
-    import numpy
-    import torch
-    import transformers
-
-    from . import __version__
-    from .models import DEMO_DIR
-
-    report: dict[str, Any] = {
-        "flashspec": __version__,
-        "python": f"{platform.python_version()} ({sys.executable})",
-        "platform": f"{platform.system()} {platform.machine()}",
-        "torch": f"{torch.__version__} (threads: {torch.get_num_threads()}, "
-        f"cuda: {torch.cuda.is_available()})",
-        "transformers": transformers.__version__,
-        "tokenizers": _version_of("tokenizers"),
-        "numpy": numpy.__version__,
-        "cpu": f"{_cpu_name()} ({os.cpu_count()} logical cores)",
-    }
-    try:
-        from . import _residual
-
-        features = _residual.cpu_features()
-        report["kernel"] = {
-            "backend": _residual.backend(),
-            "available": _residual.available_backends(),
-            "abi_version": _residual.abi_version(),
-            "cpu_features": dict(features),
-        }
-    except ImportError as exc:
-        report["kernel"] = f"not available ({first_line(exc)}); the engine falls back to torch"
-    card_path = DEMO_DIR / "card.json"
-    demo: dict[str, Any] = {
-        "path": str(DEMO_DIR),
-        "target": str(DEMO_DIR / "target"),
-        "draft": str(DEMO_DIR / "draft"),
-        "draft3": str(DEMO_DIR / "draft3"),
-        "present": all(
-            (DEMO_DIR / part / "config.json").is_file() for part in ("target", "draft", "draft3")
-        ),
-    }
-    if card_path.is_file():
-        card = json.loads(card_path.read_text())
-        measured = card.get("measured", {})
-        demo["card"] = {
-            "held_out_loss": measured.get("held_out_loss"),
-            "draft_target_cost_ratio": measured.get("draft_target_cost_ratio"),
-            "greedy_acceptance": measured.get("greedy_acceptance", {}).get("acceptance_rate"),
-            "size_mb": card.get("size_mb"),
-        }
-    report["demo_pair"] = demo
-    from .loading import NAMED_MODELS, cache_dir
-
-    named: dict[str, Any] = {}
-    for name, model in NAMED_MODELS.items():
-        path = model.locate()
-        named[name] = str(path) if path is not None else f"not installed ({model.install})"
-    report["named_models"] = named
-    from .loading.drafts import bundled_draft
-
-    shipped: dict[str, Any] = {}
-    for name in NAMED_MODELS:
-        folder = bundled_draft(name)
-        if folder is not None:
-            shipped[name] = str(folder)
-    report["shipped_drafts"] = shipped
-    report["gguf"] = {
-        "support": all(_version_of(p) != "not installed" for p in ("gguf", "accelerate")),
-        "cache": str(cache_dir() / "gguf"),
-    }
-    return report
-
-
-def cmd_info(args: argparse.Namespace) -> int:
-    """``flashspec info``."""
-    report = info()
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    for key, value in report.items():
-        if isinstance(value, dict):
-            print(f"{key}:")
-            for sub, item in value.items():
-                if isinstance(item, dict):
-                    item = ", ".join(f"{k}={v}" for k, v in item.items())
-                print(f"  {sub}: {item}")
-        else:
-            print(f"{key}: {value}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``flashspec`` command; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        status: int = args.func(args)
-    except UserError as exc:
-        print(f"flashspec: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("\nflashspec: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # `flashspec generate ... | head`: the reader left; nothing more to say.
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-        return 0
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

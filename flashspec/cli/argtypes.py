@@ -51,7 +51,7 @@ def int_list(text: str) -> tuple[int, ...]:
 def tree_shape(text: str) -> str | None:
     """``DEPTH,NODES,TOP_K[,EXPAND]`` (e.g. ``5,24,4``), checked and kept as text, or ``off``
     (None): a token tree's shape (``flashspec.trees.TreeShape.parse``)."""
-    from .trees.tree import TreeShape
+    from ..trees.tree import TreeShape
 
     try:
         shape = TreeShape.parse(text)

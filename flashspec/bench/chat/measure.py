@@ -24,49 +24,26 @@ docstring, add type hints, restate or quote a text).
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from .._greedy import compare_greedy
-from ..models.linear import untuned
-from . import runner
-from .chat_requests import COPY_KINDS as COPY_KINDS
-from .chat_requests import ChatRequest as ChatRequest
-from .chat_requests import chat_ids as chat_ids
-from .chat_requests import copy_prompts as copy_prompts
-from .chat_requests import humaneval_requests as humaneval_requests
-from .common import machine_info, progress, quiet_timing, write_json
-from .common import result_name as result_name
-from .lengths import length_study, report_lengths
-from .pair import Pair, decode_costs
-
-WORKLOADS = ("humaneval", "copy")
-HF_LOOKUP_TOKENS = 10
-LLAMACPP_LOOKUP_TOKENS = 10
-LLAMACPP_CONTEXT = 4096
-FP32_METHODS = ("hf_greedy", "hf_lookup", "fs_default", "fs_lookup")
-BF16_METHODS = ("hf_greedy_bf16", "fs_default_bf16")
-LLAMACPP_METHODS = ("llamacpp", "llamacpp_lookup")
-METHODS = (
-    "hf_greedy",
-    "hf_greedy_bf16",
-    "hf_lookup",
-    "fs_default",
-    "fs_default_bf16",
-    "fs_lookup",
-    "llamacpp",
-    "llamacpp_lookup",
+from ..._greedy import compare_greedy
+from ..chat_requests import COPY_KINDS, ChatRequest, chat_ids, copy_prompts, humaneval_requests
+from ..common import progress
+from ..lengths import length_study
+from ..pair import Pair, decode_costs
+from .methods import (
+    HF_LOOKUP_TOKENS,
+    LLAMACPP_METHODS,
+    METHODS,
+    SWEEP_PREFIX,
+    WORKLOADS,
+    ChatMethods,
+    baseline_of,
 )
-SWEEP_PREFIX = "fs_lookup_gamma"
+
 # The defaults of a real-model run (the demo benchmark has its own, see engine.main).
 # About 15 minutes on 2 cores: HF greedy runs at ~13 tokens/s there (float32).
 DEFAULT_HUMANEVAL = 4
@@ -75,212 +52,6 @@ DEFAULT_SWEEP_PROMPTS = 2
 DEFAULT_SWEEP_GAMMAS = "2,4,6,8,10"
 SPEEDUP_TARGET = 1.5
 VS_LOOKUP_TARGET = 1.0
-
-
-def baseline_of(method: str) -> str:
-    """The HF greedy run a method's identity (and same-dtype speedup) is measured against."""
-    return "hf_greedy_bf16" if method.endswith("_bf16") else "hf_greedy"
-
-
-# ----------------------------------------------------------------------------------- methods
-
-
-@dataclass
-class Run(runner.Run):
-    """One method on one prompt, with the rounds per arm of an engine that chooses."""
-
-    arm_rounds: dict[str, int] | None = None
-
-    def record(self) -> dict[str, Any]:
-        out = super().record()
-        if self.arm_rounds is not None:
-            out["arm_rounds"] = dict(self.arm_rounds)
-        return out
-
-
-def llamacpp_module() -> tuple[Any, str | None]:
-    """``llama_cpp`` (or None) and why it is unavailable."""
-    try:
-        return importlib.import_module("llama_cpp"), None
-    except ImportError as exc:  # pragma: no cover - depends on the machine
-        return None, f"llama_cpp is not importable ({exc}); pip install llama-cpp-python"
-
-
-class ChatMethods:
-    """The models, engines and llama.cpp instances of a run; ``run(method, ids)`` times one.
-
-    Every flashspec engine is built by ``EngineOptions(...).build()`` from the flags the
-    method stands for, so the measured engine is the one ``flashspec generate`` builds.
-    """
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        gamma: int = 4,
-        draft: str | None = None,
-        sweep_gammas: tuple[int, ...] = (),
-        llamacpp: bool = True,
-        threads: int | None = None,
-        build: Callable[..., Any] | None = None,
-    ) -> None:
-        from ..loading import is_gguf, resolve_model_path
-        from ..options import EngineOptions
-
-        self.target = target
-        self.gamma = gamma
-        self.notes: dict[str, str] = {}
-
-        def options(**kw: Any) -> Any:
-            # Fixed-length lookup takes no draft model; everything else gets the run's draft.
-            return EngineOptions(target=target, draft=None if "drafter" in kw else draft, **kw)
-
-        make = build or (lambda **kw: options(**kw).build())
-        fixed = f"flashspec generate --target {target} --drafter prompt-lookup --gamma"
-        self.flags: dict[str, str] = {
-            "fs_default": f"flashspec generate --target {target}",
-            "fs_default_bf16": f"flashspec generate --target {target} --dtype bfloat16",
-            "fs_lookup": f"{fixed} {gamma}",
-        }
-        self.engines: dict[str, Any] = {
-            "fs_default": make(gamma=gamma),
-            "fs_default_bf16": make(gamma=gamma, dtype="bfloat16"),
-            "fs_lookup": make(gamma=gamma, drafter="prompt-lookup"),
-        }
-        for g in sweep_gammas:
-            name = f"{SWEEP_PREFIX}{g}"
-            if g == gamma:
-                self.engines[name] = self.engines["fs_lookup"]
-            else:
-                self.engines[name] = make(gamma=g, drafter="prompt-lookup")
-            self.flags[name] = f"{fixed} {g}"
-        default = self.engines["fs_default"]
-        self.tokenizer = default.tokenizer
-        self.model = default.target.model  # HF methods share the default engine's weights
-        self.model_bf16 = self.engines["fs_default_bf16"].target.model
-        self.eos: list[int] = list(default.target.eos_token_ids)
-        self.drafters = {
-            name: [d.name for d in engine.drafters] for name, engine in self.engines.items()
-        }
-        self.llamas: dict[str, Any] = {}
-        self.gguf: str | None = None
-        if llamacpp:
-            self._setup_llamacpp(resolve_model_path(target), is_gguf, threads)
-        else:
-            self.notes["llamacpp"] = "skipped (--no-llamacpp)"
-
-    def _setup_llamacpp(
-        self, path: str, is_gguf: Callable[[str], bool], threads: int | None
-    ) -> None:
-        if not is_gguf(path):
-            self.notes["llamacpp"] = f"skipped: {path} is not a GGUF file"
-            return
-        llama_cpp, why = llamacpp_module()
-        if llama_cpp is None:
-            self.notes["llamacpp"] = f"skipped: {why}"
-            return
-        self.gguf = path
-        n_threads = threads or torch.get_num_threads()
-        try:
-            lookup = importlib.import_module("llama_cpp.llama_speculative")
-            common: dict[str, Any] = {
-                "model_path": path,
-                "n_threads": n_threads,
-                "n_threads_batch": n_threads,
-                "n_ctx": LLAMACPP_CONTEXT,
-                "logits_all": False,
-                "verbose": False,
-            }
-            self.llamas["llamacpp"] = llama_cpp.Llama(**common)
-            self.llamas["llamacpp_lookup"] = llama_cpp.Llama(
-                **common,
-                draft_model=lookup.LlamaPromptLookupDecoding(
-                    num_pred_tokens=LLAMACPP_LOOKUP_TOKENS
-                ),
-            )
-        except Exception as exc:  # a broken build must not take the benchmark down
-            self.llamas.clear()
-            self.notes["llamacpp"] = f"skipped: llama.cpp failed to load the model ({exc})"
-            return
-        self.notes["llamacpp"] = (
-            f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}, {n_threads} threads, "
-            f"n_ctx {LLAMACPP_CONTEXT}, greedy (temp 0, top_k 1); lookup: "
-            f"LlamaPromptLookupDecoding(num_pred_tokens={LLAMACPP_LOOKUP_TOKENS})"
-        )
-
-    def available(self, method: str) -> bool:
-        if method in LLAMACPP_METHODS:
-            return method in self.llamas
-        return method in METHODS or method in self.engines
-
-    def model_for(self, method: str) -> Any:
-        """The HF model whose logits decide a tie for ``method``'s identity check."""
-        return self.model_bf16 if method.endswith("_bf16") else self.model
-
-    def run(self, method: str, ids: list[int], max_new_tokens: int) -> Run:
-        if method in self.engines:
-            return self._run_engine(method, ids, max_new_tokens)
-        if method in self.llamas:
-            return self._run_llamacpp(method, ids, max_new_tokens)
-        return self._run_hf(method, ids, max_new_tokens)
-
-    def _run_engine(self, method: str, ids: list[int], n: int) -> Run:
-        engine = self.engines[method]
-        x = torch.tensor([ids], dtype=torch.int64)
-        with quiet_timing():
-            start = time.perf_counter()
-            result = engine.generate(input_ids=x, max_new_tokens=n)
-            seconds = time.perf_counter() - start
-        stats = result.stats
-        return Run(
-            [int(t) for t in result.tokens[0]],
-            seconds,
-            rounds=stats.rounds,
-            drafted=stats.drafted,
-            accepted=stats.accepted,
-            arm_rounds=dict(stats.arm_rounds) if method.startswith("fs_default") else None,
-        )
-
-    def _run_hf(self, method: str, ids: list[int], n: int) -> Run:
-        model = self.model_bf16 if method == "hf_greedy_bf16" else self.model
-        x = torch.tensor([ids], dtype=torch.int64)
-        kwargs: dict[str, Any] = {
-            "attention_mask": torch.ones_like(x),
-            "max_new_tokens": n,
-            "do_sample": False,
-            "temperature": None,
-            "top_p": None,
-            "top_k": None,
-            "eos_token_id": self.eos or None,
-            "pad_token_id": self.eos[0] if self.eos else 0,
-        }
-        if method == "hf_lookup":
-            kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
-        # HF as users have it: torch's own linear layers, not the target's tuned ones.
-        with (
-            untuned(model),
-            runner.forward_counter(model) as calls,
-            quiet_timing(),
-            torch.inference_mode(),
-        ):
-            start = time.perf_counter()
-            out = model.generate(x, **kwargs)
-            seconds = time.perf_counter() - start
-        tokens = [int(t) for t in out[0, len(ids) :].tolist()]
-        return Run(tokens, seconds, rounds=calls[0] if method == "hf_lookup" else None)
-
-    def _run_llamacpp(self, method: str, ids: list[int], n: int) -> Run:
-        llm = self.llamas[method]
-        tokens: list[int] = []
-        with quiet_timing():
-            start = time.perf_counter()
-            llm.reset()  # no reuse of the previous prompt's cache: every run pays its prefill
-            for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, reset=True):
-                tokens.append(int(token))
-                if int(token) in self.eos or len(tokens) >= n:
-                    break
-            seconds = time.perf_counter() - start
-        return Run(tokens, seconds)
 
 
 # -------------------------------------------------------------------------------- the run
@@ -653,79 +424,3 @@ def run_chat(settings: ChatSettings, build: Callable[..., Any] | None = None) ->
         )
         data["lengths"]["engines"] = {"default": [arm.label for arm in default.arms]}
     return data
-
-
-# -------------------------------------------------------------------------------------- CLI
-
-
-def settings_from_args(args: argparse.Namespace) -> ChatSettings:
-    """The run ``flashspec bench engine --target NAME`` describes (``--quick``: a short one)."""
-    humaneval = DEFAULT_HUMANEVAL if args.humaneval is None else args.humaneval
-    copy = DEFAULT_COPY if getattr(args, "copy", None) is None else args.copy
-    sweep_prompts = DEFAULT_SWEEP_PROMPTS if args.sweep_prompts is None else args.sweep_prompts
-    gammas = args.sweep_gammas or DEFAULT_SWEEP_GAMMAS
-    max_new = args.max_new_tokens
-    if args.quick:
-        humaneval, copy = min(humaneval, 1), min(copy, 2)
-        max_new = min(max_new, 48)
-        sweep_prompts = min(sweep_prompts, 1)
-        gammas = args.sweep_gammas or "4,8"
-    methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
-    draft = args.draft
-    if draft is not None and draft.lower() in ("none", "demo-draft"):
-        draft = None  # the bench parsers' default draft belongs to the demo target
-    return ChatSettings(
-        target=args.target,
-        gamma=args.gamma,
-        draft=draft,
-        max_new_tokens=max_new,
-        humaneval=humaneval,
-        copy=copy,
-        methods=methods,
-        sweep_gammas=() if args.no_sweep else tuple(int(g) for g in gammas.split(",")),
-        sweep_prompts=0 if args.no_sweep else sweep_prompts,
-        llamacpp=not getattr(args, "no_llamacpp", False),
-        probe_reps=10 if args.quick else 25,
-        threads=args.threads,
-        progress=not args.no_progress,
-        lengths=(
-            args.lengths
-            if getattr(args, "lengths", None) is not None
-            else ((32, 96) if args.quick else (128, 512, 1024))
-        ),
-        length_prompts=getattr(args, "length_prompts", None) or (1 if args.quick else 3),
-        extra={"quick": bool(args.quick), "command": " ".join(sys.argv)},
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    """``flashspec bench engine --target NAME`` for a real model (not the demo pair)."""
-    from .report import report_chat
-
-    hf_logging: Any = importlib.import_module("transformers.utils.logging")
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    settings = settings_from_args(args)
-    name = args.name if args.name not in (None, "engine") else result_name(args.target)
-    settings.extra["name"] = name
-    machine = machine_info()
-    started = time.perf_counter()
-    data = {"machine": machine, **run_chat(settings)}
-    data["wall_seconds"] = round(time.perf_counter() - started, 1)
-    report_chat(data)
-    if "lengths" in data:
-        print(report_lengths(data["lengths"]), file=sys.stderr)
-    write_json(data, Path(args.out_dir) / f"{name}.json")
-    greedy_ok = all(
-        s["all_match"]
-        for workload, per in data["summary"].items()
-        if workload != "all"
-        for m, s in per.items()
-        if m.startswith(("fs_", "hf_"))
-    )
-    return 0 if greedy_ok else 1
