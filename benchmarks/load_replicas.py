@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_server import run_level
 
 from flashspec.bench import humaneval_prompts, machine_info, write_json
-from flashspec.cli.options import EngineOptions
 from flashspec.cluster import REPLICA_HEADER
+from flashspec.flags.options import EngineOptions
 
 DEFAULT_OUT = Path("benchmarks") / "results" / "replicas.json"
 MODES = ("process", "replicas-1", "replicas-2")

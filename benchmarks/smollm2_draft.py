@@ -60,9 +60,9 @@ import torch
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
 from flashspec.bench.identity import compare_greedy
-from flashspec.cli.options import EngineOptions
 from flashspec.drafters import FeatureDrafter
 from flashspec.drafters.shared_head import feature_hidden
+from flashspec.flags.options import EngineOptions
 from flashspec.loading.drafts import bundled_draft
 from flashspec.models import ForwardSignature, crop_cache, new_cache, untuned
 from flashspec.trees import TreeShape

@@ -44,7 +44,7 @@ import torch
 from flashspec.bench.chat_requests import ChatRequest, chat_ids, humaneval_requests
 from flashspec.bench.common import machine_info, progress, quiet_timing, write_json
 from flashspec.bench.identity import compare_greedy
-from flashspec.cli.options import EngineOptions
+from flashspec.flags.options import EngineOptions
 from flashspec.loading import resolve_named
 from flashspec.models import Padding, untuned
 

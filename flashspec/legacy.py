@@ -52,7 +52,7 @@ _LAYOUT = "0.1.0, the package per area (#22, 714c0fb): the module moved into its
 _LIBRARY = "0.1.0 (#22, f8a154e): the earlier FlashSpec library's name; its quickstart runs as is"
 _ONE_NAME = "0.1.0 (#22, f8a154e): one name per concept"
 _DRAFTERS = "0.1.0, the drafters package (#39): the module moved into flashspec.drafters"
-_CLI = "0.1.0, the command line's package (#39): the module moved into flashspec.cli"
+_CLI = "0.1.0, the command line's package (#39): moved into flashspec.cli or flashspec.flags"
 _BENCH = "0.1.0, no benchmark module over 600 lines (#39): the module became a package"
 
 
@@ -145,11 +145,11 @@ EARLIER: tuple[Earlier, ...] = (
         ),
         _DRAFTERS,
     ),
-    # The command line's package (#39, item 6): the engine flags and what every command
-    # shares, and `flashspec serve`'s parser, moved into flashspec.cli.
+    # The command line's package (#39, item 6): `flashspec serve`'s parser moved into
+    # flashspec.cli; the engine flags and what every command shares into flashspec.flags.
     *_moved(
         "flashspec.options",
-        "flashspec.cli.options",
+        "flashspec.flags.options",
         (
             "COMPILE_CHOICES",
             "EngineOptions",

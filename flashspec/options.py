@@ -1,4 +1,4 @@
-"""The earlier path of ``flashspec.cli.options``, kept for old imports (``flashspec.legacy``)."""
+"""The earlier path of ``flashspec.flags.options``, kept for old imports (``flashspec.legacy``)."""
 
 from .legacy import earlier_module
 

@@ -17,10 +17,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ..cli import argtypes
 from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
+from ..flags import argtypes
 from ..models import DEMO_DRAFT3_NAME, TargetModel, load_pretrained
 from ..select.bandit import Selector
 from .common import (

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..cli import argtypes
+from ..flags import argtypes
 from . import flags
 from .common import DEFAULT_OUT
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .._greedy import compare_greedy
-from ..cli import argtypes
-from ..cli.options import compile_setting
 from ..compiled import CompileSetting
+from ..flags import argtypes
+from ..flags.options import compile_setting
 from . import flags
 from .common import (
     Prompt,

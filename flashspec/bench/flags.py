@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import argtypes
-from ..cli.options import EngineOptions, add_compile_argument
+from ..flags import argtypes
+from ..flags.options import EngineOptions, add_compile_argument
 
 
 def models(p: argparse.ArgumentParser) -> None:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli import argtypes
 from ..config import FlashSpecConfig, SamplingConfig
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine import SpeculativeEngine
+from ..flags import argtypes
 from ..models import TargetModel
 from ..profiling import Spans, profiling
 from . import flags

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..cli import argtypes
+from ..flags import argtypes
 from .common import machine_info, progress, write_json
 
 # Small random pairs of each supported stateful family (tiny configs, nothing downloaded): an

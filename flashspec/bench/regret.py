@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._validate import is_int
-from ..cli import argtypes
+from ..flags import argtypes
 from ..select.bandit import Selector, ThompsonSelector, UCB1Selector
 from .common import DEFAULT_OUT, machine_info, progress, pyplot, write_json
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..bench import add_parser as add_bench_parser
+from ..flags.options import UserError
 from . import generate, info, serve
-from .options import UserError
 
 EXIT_USAGE = 2
 

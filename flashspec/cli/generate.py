@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import argtypes
-from .options import EngineOptions, UserError, first_line, quiet_libraries
+from ..flags import argtypes
+from ..flags.options import EngineOptions, UserError, first_line, quiet_libraries
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

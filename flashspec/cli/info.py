@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .options import first_line
+from ..flags.options import first_line
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -12,9 +12,9 @@ import sys
 from typing import Any
 
 from ..cluster.settings import RAY_ADDRESS_ENV  # stdlib only: no Ray
+from ..flags import argtypes
+from ..flags.options import EngineOptions, UserError, quiet_libraries
 from ..serve.worker import BATCHING_MODES, DEFAULT_SHUTDOWN_TIMEOUT_S  # stdlib only: no FastAPI
-from . import argtypes
-from .options import EngineOptions, UserError, quiet_libraries
 
 
 def port(text: str) -> int:

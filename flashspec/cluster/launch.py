@@ -14,7 +14,7 @@ import ray
 import ray.exceptions
 from ray import serve
 
-from ..cli.options import UserError
+from ..flags.options import UserError
 from ..serve.run import bind, loopback
 from .app import application
 from .replica import BOARD_NAMESPACE, board_name

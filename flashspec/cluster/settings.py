@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from ..cli.options import EngineOptions, UserError
+from ..flags.options import EngineOptions, UserError
 from ..serve.worker import BATCHING_MODES, DEFAULT_SHUTDOWN_TIMEOUT_S
 
 DEFAULT_APP_NAME = "flashspec"

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from ...cli import argtypes
-from ...cli.options import add_compile_argument, compile_setting
+from ...flags import argtypes
+from ...flags.options import add_compile_argument, compile_setting
 from ...loading.gguf import MissingDependencyError
 from ...loading.named import ModelNotInstalledError
 from ...models import DEMO_NAMES

@@ -82,7 +82,7 @@ class ChatMethods:
         threads: int | None = None,
         build: Callable[..., Any] | None = None,
     ) -> None:
-        from ...cli.options import EngineOptions
+        from ...flags.options import EngineOptions
         from ...loading import is_gguf, resolve_model_path
 
         self.target = target

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ...cli import argtypes
+from ...flags import argtypes
 from ...loading.gguf import MissingDependencyError
 from ...loading.named import ModelNotInstalledError
 from ...models import DEMO_NAMES
