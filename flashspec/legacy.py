@@ -16,6 +16,9 @@ How each kind of row is provided:
   on the class; given to ``__init__``, it sets the current field.
 - ``kept``: a field of the earlier library that flashspec keeps with its own meaning
   (``BanditConfig.n_arms``); an ordinary field, and the row says what covers it now.
+- ``verb``: a ``Drafter`` verb's earlier name (``Drafter.prefill``): a subclass written against
+  it gets the current verb from its own method (``earlier_verbs``, run when the class is
+  defined), so a custom drafter of before #39 runs unchanged.
 - ``flag``: a command-line flag's earlier spelling (``--variant``): ``earlier_flags``.
 
 None of them warns: the earlier library's users run its code as they wrote it, and nothing
@@ -29,14 +32,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Generic, Literal, NamedTuple, TypeVar, cast, overload
 
 from ._lazy import lazy_exports
 
 T = TypeVar("T")
 
-Kind = Literal["moved", "alias", "field", "kept", "flag"]
+Kind = Literal["moved", "alias", "field", "kept", "verb", "flag"]
 
 
 class Earlier(NamedTuple):
@@ -53,6 +56,10 @@ _LIBRARY = "0.1.0 (#22, f8a154e): the earlier FlashSpec library's name; its quic
 _ONE_NAME = "0.1.0 (#22, f8a154e): one name per concept"
 _DRAFTERS = "0.1.0, the drafters package (#39): the module moved into flashspec.drafters"
 _CLI = "0.1.0, the command line's package (#39): moved into flashspec.cli or flashspec.flags"
+_DRAFTER = "flashspec.drafters:Drafter"
+_VERBS = (
+    "0.1.0, one drafter contract (#39): begin, propose, keep(lengths, padding) after every round"
+)
 _BENCH = "0.1.0, no benchmark module over 600 lines (#39): the module became a package"
 
 
@@ -352,6 +359,19 @@ EARLIER: tuple[Earlier, ...] = (
         "flashspec.engine:SpeculativeEngine.from_pretrained",
         f"{_LIBRARY}: the drafter from_pretrained loads when it is given none",
     ),
+    Earlier("verb", _DRAFTER + ".prefill", _DRAFTER + ".begin", _VERBS),
+    Earlier(
+        "verb",
+        _DRAFTER + ".commit",
+        _DRAFTER + ".keep",
+        f"{_VERBS}; commit(valid) is called with the columns every row keeps (lockstep)",
+    ),
+    Earlier(
+        "verb",
+        _DRAFTER + ".keep_rows",
+        _DRAFTER + ".keep",
+        f"{_VERBS}; keep_rows(lengths) is called for a drafter that serves ragged batches",
+    ),
     Earlier("flag", "--variant", "--method", f"{_ONE_NAME}: SamplingConfig.method"),
 )
 """Every earlier name, in the order of the kinds in the module docstring."""
@@ -388,6 +408,36 @@ def earlier_module(
 def earlier_flags(flag: str) -> tuple[str, ...]:
     """The earlier spellings of the command-line flag ``flag``, to register as its aliases."""
     return tuple(row.name for row in EARLIER if row.kind == "flag" and row.current == flag)
+
+
+def earlier_verbs(cls: type, base: type) -> None:
+    """Give ``cls``, a subclass of the drafter interface ``base``, the current verbs its own
+    methods of their earlier names stand for (the ``verb`` rows): ``prefill`` is ``begin``;
+    ``commit(valid)`` and ``keep_rows(lengths)`` together are ``keep(lengths, padding)``. A
+    class that defines the current verb itself keeps it. As before #39, a drafter that overrides
+    ``commit`` serves lockstep batches only unless it says otherwise (``shiftable``)."""
+    own = vars(cls)
+    if "prefill" in own and "begin" not in own:
+        cls.begin = own["prefill"]  # type: ignore[attr-defined]
+    commit = own.get("commit")
+    keep_rows = own.get("keep_rows")
+    if (commit is None and keep_rows is None) or "keep" in own:
+        return
+
+    def keep(self: Any, lengths: Sequence[int], padding: Any) -> None:
+        rows = getattr(self, "keep_rows", None)
+        if rows is not None and self.shiftable:
+            rows(lengths)
+            return
+        valid = getattr(self, "commit", None)
+        if valid is not None:
+            # Lockstep: every row keeps the same columns, its count and its left padding.
+            valid(lengths[0] + padding.lefts[0])
+
+    cls.keep = keep  # type: ignore[attr-defined]
+    declares = any("shiftable" in vars(k) for k in cls.__mro__ if k is not base)
+    if commit is not None and keep_rows is None and not declares:
+        cls.shiftable = property(lambda self: False)  # type: ignore[attr-defined]
 
 
 class Alias(Generic[T]):

@@ -26,7 +26,9 @@ keeps none), so the engine may run ragged batches and let rows join; a drafter w
 column-aligned declares False, and its engine keeps batches in lockstep.
 
 ("Commit" is the engine's word for appending a round's tokens, and the target's for cropping
-its cache to them; the drafter's part of it is ``keep``.)
+its cache to them; the drafter's part of it is ``keep``.) A drafter written against the
+verbs' earlier names (``prefill``, ``commit(valid)``, ``keep_rows(lengths)``) runs unchanged:
+``flashspec.legacy`` gives it the current verbs from its own methods.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 
 from ..config import ResidualBackend
+from ..legacy import earlier_verbs
 from ..models import CausalLM, Padding, TargetModel
 from ..row_random import RowRandom
 from ..sampling import Warper
@@ -134,14 +137,7 @@ class Drafter(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # An override of a verb's earlier name would never be called: refused where it is
-        # written, not found later as a drafter whose cache drifts from the committed tokens.
-        for earlier, current in _RENAMED.items():
-            if earlier in vars(cls):
-                raise TypeError(
-                    f"{cls.__name__}.{earlier}: the Drafter verb {earlier!r} is now {current}; "
-                    "see flashspec.drafters.base"
-                )
+        earlier_verbs(cls, Drafter)  # a drafter written against the verbs' earlier names
 
     @property
     def lm(self) -> CausalLM | None:
@@ -196,14 +192,6 @@ class Drafter(ABC):
     def add_rows(self, tokens: torch.Tensor, padding: Padding) -> None:  # noqa: B027
         """Rows joined the batch: ``tokens`` (n, L) right-aligned, laid out by ``padding``
         (``shiftable`` drafters only)."""
-
-
-_RENAMED = {
-    "prefill": "begin(ctx)",
-    "commit": "keep(lengths, padding)",
-    "keep_rows": "keep(lengths, padding)",
-}
-"""Drafter verbs' earlier names (before issue #39), and what they are now."""
 
 
 def with_temperature(warper: Warper, temperature: float | None) -> Warper:

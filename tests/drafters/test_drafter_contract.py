@@ -118,12 +118,33 @@ def test_a_drafter_that_keeps_no_state_serves_ragged_rows() -> None:
     assert Stateless().shiftable and engine.shiftable
 
 
-@pytest.mark.parametrize(
-    ("verb", "now"), [("prefill", "begin"), ("commit", "keep"), ("keep_rows", "keep")]
-)
-def test_a_verb_by_its_earlier_name_is_refused_where_it_is_written(verb: str, now: str) -> None:
-    def hook(self: Drafter, *args: Any) -> None:
-        pass
+class EarlierLookup(PromptLookupDrafter):
+    """A drafter written against the verbs of before #39: ``prefill`` and ``commit(valid)``."""
 
-    with pytest.raises(TypeError, match=rf"{verb}.*is now {now}\("):
-        type("Earlier", (Stateless,), {verb: hook})
+    def __init__(self) -> None:
+        super().__init__(name="earlier_lookup")
+        self.valid: list[int] = []
+
+    def commit(self, valid: int) -> None:
+        self.valid.append(valid)
+
+
+def test_a_drafter_written_against_the_earlier_verbs_runs_unchanged() -> None:
+    """As before #39: a drafter that overrides ``commit`` keeps batches in lockstep, and its
+    ``commit`` hears the columns every row keeps after each round (``flashspec.legacy``)."""
+    target, _ = models("loopy")
+    drafter = EarlierLookup()
+    assert not drafter.shiftable
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=3), batching="ragged"),
+        [drafter],
+        TargetModel("tiny", model=target, tokenizer=tokenizer()),
+    )
+    assert not engine.shiftable
+    prompts = PROMPTS[:3]
+    result = engine.generate(prompts, max_new_tokens=MAX_NEW)
+    for prompt, row in zip(prompts, result.tokens, strict=True):
+        check_equal("loopy", prompt, row)
+    assert len(drafter.valid) >= 2 and drafter.valid == sorted(drafter.valid), drafter.valid
+    width = max(len(tokenizer()(p)["input_ids"]) for p in prompts)
+    assert drafter.valid[0] >= width - 1

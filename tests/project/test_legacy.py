@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -62,6 +63,27 @@ def test_every_earlier_name_resolves_to_its_current_one(row: Earlier) -> None:
         owner, attribute = owner_and_attribute(row.name)
         assert attribute in {f.name for f in dataclasses.fields(owner)}
         resolve(row.current)
+    elif row.kind == "verb":
+        owner, earlier = owner_and_attribute(row.name)
+        _, current = owner_and_attribute(row.current)
+        heard: list[tuple[Any, ...]] = []
+
+        def hook(self: Any, *args: Any) -> None:
+            heard.append(args)
+
+        drafter = type("Earlier", (owner,), {earlier: hook, "propose": hook})()
+        padding = SimpleNamespace(lefts=[2, 0])
+        if current == "begin":
+            drafter.begin("ctx")
+            assert heard == [("ctx",)]
+        elif earlier == "commit":  # lockstep only, as before: the columns every row keeps
+            assert not drafter.shiftable
+            drafter.keep([3, 5], padding)
+            assert heard == [(5,)]
+        else:
+            assert drafter.shiftable
+            drafter.keep([3, 5], padding)
+            assert heard == [([3, 5],)]
     else:
         assert row.kind == "flag"
         from flashspec.options import EngineOptions
