@@ -33,6 +33,7 @@ from flashspec import (
     TargetModel,
 )
 from flashspec.quant import QuantEmbedding, QuantLinear
+from flashspec.trees import TreeShape
 from tests.helpers.chi2 import CHI2_99, first_two_counts
 from tests.helpers.quant import (
     HF_PROJECTIONS,
@@ -52,6 +53,7 @@ from tests.helpers.quant import (
     make_files,
     max_relative,
 )
+from tests.helpers.trees import OracleTrees
 
 # Every file the load is checked on: one format throughout, SmolLM2's mix, an untied head, and
 # a Q4_K_M file's mix (repacked layers beside blocks kept as the file has them).
@@ -211,6 +213,29 @@ def test_speculative_engine_greedy_equals_dequantized_generate(
     for text, tokens in zip(LOOKUP_PROMPTS, batch.tokens, strict=True):
         ids = loaded.tokenizer(text)["input_ids"]
         assert_greedy_same(loaded.reference, ids, tokens, hf_greedy(loaded.reference, ids, 16))
+
+
+@pytest.mark.parametrize("variant", [MIXED, Q4_K_M], ids=lambda v: v.name)
+def test_tree_rounds_on_the_quantized_target_equal_dequantized_generate(
+    variant: Variant, files: Any
+) -> None:
+    """Token trees verified on the quantized layers (one forward per tree, an ancestor mask per
+    query, the accepted path's columns moved next to the committed ones) reproduce
+    transformers' greedy decoding of the dequantized model, with trees around the true
+    continuation whose true child sits at any rank."""
+    loaded = files(variant)
+    model, _ = loaded.quantized()
+    target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in LOOKUP_PROMPTS]
+    truth = {tuple(ids): hf_greedy(loaded.reference, ids, 24) for ids in prompts}
+    drafter = OracleTrees(truth, hit=0.7, seed=3, vocab=loaded.reference.config.vocab_size)
+    shape = TreeShape(depth=5, nodes=16, top_k=3)
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=shape.depth), tree=shape)
+    engine = SpeculativeEngine(config, [drafter], target)
+    for ids in prompts:
+        result = engine.generate(ids, max_new_tokens=24)
+        assert_greedy_same(loaded.reference, ids, result.tokens[0], truth[tuple(ids)])
+    assert drafter.trees > 3 and drafter.moved > 0, (drafter.trees, drafter.moved)
 
 
 def test_compiled_path_runs_the_kernels_and_stays_exact(

@@ -9,7 +9,6 @@ the round. The target's cache after a tree round is the cache of the accepted to
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Callable
 from functools import cache
@@ -25,6 +24,7 @@ from flashspec.sampling import Warper
 from flashspec.trees import TokenTree, TreeBuilder, TreeShape
 from tests.helpers.chi2 import chi_squared
 from tests.helpers.models import build_char_tokenizer, build_llama
+from tests.helpers.trees import OracleTrees
 
 TIE = 1e-4
 MAX_NEW = 24
@@ -56,60 +56,6 @@ def reference(prompt: str) -> tuple[int, ...]:
     new = out[0, ids.shape[1] :].tolist()
     eos = target_model().generation_config.eos_token_id
     return tuple(new[: new.index(eos) + 1] if eos in new else new)
-
-
-class OracleTrees(Drafter):
-    """Random trees around a known continuation: at each level of the true path the true token
-    is a child with probability ``hit`` at a random rank among wrong siblings, and wrong nodes
-    grow subtrees of their own. Chains: the true continuation."""
-
-    name = "oracle"
-
-    def __init__(self, truth: dict[tuple[int, ...], list[int]], hit: float, seed: int) -> None:
-        self.truth = truth
-        self.hit = hit
-        self.rng = random.Random(seed)
-        self.trees = 0
-        self.moved = 0  # trees whose true path is not the first nodes (columns moved)
-
-    def _future(self, ctx: DraftContext) -> list[int]:
-        row = ctx.tokens[0, int(ctx.padding.lefts[0]) :].tolist()
-        for prompt, continuation in self.truth.items():
-            if tuple(row[: len(prompt)]) == prompt:
-                return continuation[len(row) - len(prompt) :]
-        raise AssertionError("unknown prompt")
-
-    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
-        return Proposal(torch.tensor([self._future(ctx)[:gamma]], dtype=torch.int64))
-
-    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
-        future, rng, vocab = self._future(ctx), self.rng, 40
-        builder = TreeBuilder()
-        parent = -1
-        for depth in range(min(shape.depth, len(future))):
-            if builder.size >= shape.nodes:
-                break
-            wrong = [t for t in rng.sample(range(vocab), shape.top_k) if t != future[depth]]
-            children = wrong[: rng.randrange(0, shape.top_k)]
-            truth_here = rng.random() < self.hit
-            if truth_here:
-                children.insert(rng.randrange(len(children) + 1), future[depth])
-            for token in children:
-                if builder.size < shape.nodes:
-                    node = builder.add(parent, token)
-                    if token != future[depth] and rng.random() < 0.5 and builder.size < shape.nodes:
-                        builder.add(node, rng.randrange(vocab))  # an off-path subtree
-            here = builder.node(parent, future[depth])
-            if here is None:
-                break
-            parent = here
-        if builder.size == 0:
-            return None
-        tree = builder.build()
-        self.trees += 1
-        true_path = tree.path(parent) if parent >= 0 else []
-        self.moved += true_path != list(range(len(true_path)))
-        return tree
 
 
 def engine_with(drafter: Drafter, shape: TreeShape | None, **sampling: Any) -> SpeculativeEngine:
