@@ -141,6 +141,9 @@ def agreement(engine: Any, ids: list[int], output: list[int], mode: str) -> floa
     return hits / len(output)
 
 
+ROUNDS: list[int] = []  # the rounds of fs_run's latest call
+
+
 def fs_run(engine: Any, ids: list[int], n: int, mode: str) -> tuple[list[int], float]:
     sampling, extra = settings(mode)
     with quiet_timing():
@@ -150,6 +153,7 @@ def fs_run(engine: Any, ids: list[int], n: int, mode: str) -> tuple[list[int], f
             **extra,
         )  # fmt: skip
         seconds = time.perf_counter() - start
+    ROUNDS[:] = [result.stats.rounds]
     return list(result.tokens[0]), seconds
 
 
@@ -183,6 +187,10 @@ def main() -> int:
                     "speedup": round((len(fs) / fs_s) / (len(hf) / hf_s), 4),
                     "identical": fs == hf,
                     "draft_agreement": agreement(engine, ids, hf, mode),
+                    "fs_rounds": ROUNDS[0],
+                    "fs_tokens_per_round": round(len(fs) / ROUNDS[0], 4),
+                    "fs_ms_per_round": round(1000 * fs_s / ROUNDS[0], 3),
+                    "hf_ms_per_token": round(1000 * hf_s / max(1, len(hf)), 3),
                 }
             )  # fmt: skip
         print(f"prompt {index + 1}/{len(prompts)}", file=sys.stderr)
@@ -199,8 +207,26 @@ def main() -> int:
             "prompts": len(group),
         }
     base = summary["plain"]["speedup_median"]
+    plain = {r["prompt"]: r for r in records if r["mode"] == "plain"}
     for mode in MODES:
-        summary[mode]["over_plain_speedup"] = round(summary[mode]["speedup_median"] / base, 4)
+        group = [r for r in records if r["mode"] == mode]
+        row = summary[mode]
+        row["over_plain_speedup"] = round(row["speedup_median"] / base, 4)
+        for key in ("fs_tokens_per_round", "fs_ms_per_round", "hf_ms_per_token"):
+            row[f"{key}_median"] = round(statistics.median(r[key] for r in group), 4)
+        # The most a mode's speedup can keep of the plain one, prompt by prompt, when a round
+        # costs what it costs without the mode (fs_ms_per_round says it does): a round of g
+        # drafts emits E(a, g) = (1 - a^(g + 1)) / (1 - a) tokens at agreement a, the plain run
+        # does at least as well at its own g as at the mode's, and E(a, g) / E(a0, g) for
+        # a < a0 is largest at g = 1: (1 + a) / (1 + a0).
+        bounds = [
+            (1 + r["draft_agreement"]) / (1 + plain[r["prompt"]]["draft_agreement"])
+            for r in group
+            if r["draft_agreement"] is not None and plain[r["prompt"]]["draft_agreement"]
+        ]
+        row["bound_of_plain_speedup_median"] = (
+            round(statistics.median(bounds), 4) if bounds else None
+        )
     data = {
         "kind": "api-fields",
         "machine": machine_info(),

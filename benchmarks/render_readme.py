@@ -1064,14 +1064,33 @@ def api_fields_section(data: dict[str, Any]) -> str:
         "tokens a round can emit.",
         "",
     ]
-    rows = [["mode", "setting", "speedup", "of the plain speedup", "identical", "draft agreement"]]
+    bounded = any("bound_of_plain_speedup_median" in row for row in data["summary"].values())
+    head = ["mode", "setting", "speedup", "of the plain speedup", "identical", "draft agreement"]
+    if bounded:
+        lines[0] += (
+            " Tokens and milliseconds per round: the engine's medians. Bound: the most of the "
+            "plain speedup a mode can keep when its rounds cost what plain rounds cost, prompt "
+            "by prompt (median): at agreement a a round of g drafts emits (1 - a^(g+1)) / (1 - a) "
+            "tokens on average, the plain run does at least as well at its own g as at the "
+            "mode's, and the ratio of the two is largest at g = 1: (1 + a) / (1 + a plain)."
+        )
+        head += ["tokens/round", "ms/round", "bound"]
+    rows = [head]
     for mode, row in data["summary"].items():
         agreement = row.get("draft_agreement_median")
-        rows.append([
+        cells = [
             mode, s["modes"].get(mode, "none"), f"{row['speedup_median']:.2f}x",
             f"{row['over_plain_speedup']:.2f}", f"{row['identical']}/{row['prompts']}",
             "n/a" if agreement is None else f"{agreement:.2f}",
-        ])  # fmt: skip
+        ]  # fmt: skip
+        if bounded:
+            bound = row.get("bound_of_plain_speedup_median")
+            cells += [
+                f"{row['fs_tokens_per_round_median']:.2f}",
+                f"{row['fs_ms_per_round_median']:.1f}",
+                "n/a" if bound is None else f"{bound:.2f}",
+            ]
+        rows.append(cells)
     return "\n".join([*lines, *_markdown(rows)])
 
 
