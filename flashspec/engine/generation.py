@@ -38,6 +38,9 @@ class RowSampling:
         generator: the row's own random source (a seed of its own); None: it draws from the
             generation's shared one.
         seeded: a seed fixes the row's draws (its own, or the call's shared one).
+        penalties: the row's penalties and logit bias (its ``SamplingConfig``, whose
+            ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` and
+            ``logit_bias`` apply to it alone); None: none.
     """
 
     temperature: float
@@ -45,6 +48,7 @@ class RowSampling:
     top_p: float
     generator: torch.Generator | None = None
     seeded: bool = False
+    penalties: SamplingConfig | None = None
 
     @property
     def warp(self) -> tuple[float, int, float]:

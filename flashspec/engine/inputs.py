@@ -82,7 +82,13 @@ def prepare(
     base, generator, row_settings, typical = start_sampling(
         len(rows), sampling, seed, config.sampling, device
     )
-    outside = [t for t in base.logit_bias or () if t >= target.vocab_size]
+    outside = [
+        t
+        for row in row_settings
+        if row.penalties is not None
+        for t in row.penalties.logit_bias or ()
+        if t >= target.vocab_size
+    ]
     if outside:
         raise ValueError(
             f"logit_bias names token {outside[0]}, outside the target's vocabulary of "

@@ -11,7 +11,7 @@ same treatment step by step, so that a draft model proposes what the penalized t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -39,9 +39,10 @@ def round_adjusters(gen: Generation, vocab: int) -> list[Adjuster]:
     """The round's logit changes, in the order they apply: penalties and bias, then the
     grammar's masks (last, so that nothing lifts a masked token)."""
     adjusters: list[Adjuster] = []
-    if gen.sampling.penalized:
+    settings = [gen.row_sampling[index].penalties for index in gen.live]
+    if any(config is not None for config in settings):
         generated = [len(gen.rows[index].tokens) for index in gen.live]
-        adjusters.append(Penalties(gen.tokens, gen.padding, generated, vocab, gen.sampling))
+        adjusters.append(Penalties(gen.tokens, gen.padding, generated, vocab, settings))
     if gen.grammar is not None:
         adjusters.append(gen.grammar.round(gen.live))
     return adjusters
@@ -67,7 +68,9 @@ class Penalties:
     draft's logits step by step and to the target's at every position.
 
     Repetition (HF's meaning: prompt and output, divide a positive logit, multiply a negative
-    one), then presence and frequency (OpenAI's: output only), then the bias.
+    one), then presence and frequency (OpenAI's: output only), then the bias. Each row by its
+    own settings: a (rows, 1) column per penalty and a (rows, V) bias, so one batch holds rows
+    of any settings, and a row without any keeps its logits.
     """
 
     def __init__(
@@ -76,7 +79,7 @@ class Penalties:
         padding: Padding,
         generated: list[int],
         vocab: int,
-        sampling: SamplingConfig,
+        sampling: SamplingConfig | Sequence[SamplingConfig | None],
     ) -> None:
         """
         Args:
@@ -84,28 +87,41 @@ class Penalties:
             generated: per row, how many of its committed tokens are output (the rest, after
                 the padding, are its prompt).
             vocab: width of the logits.
+            sampling: the penalties and bias of every row, or of each row (None: none).
         """
-        self.sampling = sampling
+        rows = tokens.shape[0]
+        settings = [sampling] * rows if isinstance(sampling, SamplingConfig) else list(sampling)
         self.vocab = vocab
         device = tokens.device
         width = tokens.shape[1]
         columns = torch.arange(width, device=device)
         starts = torch.tensor([width - n for n in generated], device=device).unsqueeze(1)
         ids = tokens.clamp(0, vocab - 1)
-        rows = tokens.shape[0]
         output = (columns >= starts).float()
         # (rows, V) how often each token is in the committed output
         self.counts = torch.zeros(rows, vocab, device=device).scatter_add_(1, ids, output)
+
+        def column(name: str, neutral: float) -> torch.Tensor | None:
+            values = [neutral if c is None else float(getattr(c, name)) for c in settings]
+            if all(v == neutral for v in values):
+                return None
+            return torch.tensor(values, device=device).unsqueeze(1)  # (rows, 1)
+
+        self.repetition = column("repetition_penalty", 1.0)
+        self.presence = column("presence_penalty", 0.0)
+        self.frequency = column("frequency_penalty", 0.0)
         self.seen: torch.Tensor | None = None  # (rows, V) in the prompt or the output
-        if sampling.repetition_penalty != 1.0:
+        if self.repetition is not None:
             real = (columns >= padding.left.to(device).unsqueeze(1)).float()
             self.seen = torch.zeros(rows, vocab, device=device).scatter_add_(1, ids, real) > 0
-        self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
-        if sampling.logit_bias:
-            self.bias = (
-                torch.tensor(list(sampling.logit_bias), device=device),
-                torch.tensor(list(sampling.logit_bias.values()), device=device),
-            )
+        self.bias: torch.Tensor | None = None  # (rows, V)
+        if any(c is not None and c.logit_bias for c in settings):
+            self.bias = torch.zeros(rows, vocab, device=device)
+            for row, config in enumerate(settings):
+                if config is not None and config.logit_bias:
+                    index = torch.tensor(list(config.logit_bias), device=device)
+                    values = torch.tensor(list(config.logit_bias.values()), device=device)
+                    self.bias[row, index] = values.float()
 
     def target(self, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
         """(rows, g + 1, V) target logits -> penalized float32; position i counts
@@ -116,7 +132,7 @@ class Penalties:
             hot = torch.nn.functional.one_hot(drafts.clamp(0, self.vocab - 1), self.vocab)
             counts[:, 1:] += hot.float().cumsum(dim=1)
         seen = None if self.seen is None else self.seen.unsqueeze(1)
-        return self._apply(logits.float(), counts, seen)
+        return self._apply(logits.float(), counts, seen, per_position=True)
 
     def draft(self, logits: torch.Tensor, drafts: list[torch.Tensor]) -> torch.Tensor:
         """(rows, V) draft logits of the next draft step -> penalized float32, counting the
@@ -127,22 +143,22 @@ class Penalties:
         if drafts:
             index = torch.stack(drafts, dim=1).clamp(0, self.vocab - 1)
             counts = counts.scatter_add(1, index, torch.ones(index.shape, device=index.device))
-        return self._apply(logits.float(), counts, self.seen)
+        return self._apply(logits.float(), counts, self.seen, per_position=False)
 
     def _apply(
-        self, x: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor | None
+        self, x: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor | None, per_position: bool
     ) -> torch.Tensor:
-        sampling = self.sampling
-        if seen is not None:
-            penalty = sampling.repetition_penalty
+        def rows(value: torch.Tensor) -> torch.Tensor:  # (rows, 1) -> broadcast over x
+            return value.unsqueeze(1) if per_position else value
+
+        if self.repetition is not None and seen is not None:
+            penalty = rows(self.repetition)
             hit = seen | (counts > 0)
             x = torch.where(hit, torch.where(x < 0, x * penalty, x / penalty), x)
-        if sampling.presence_penalty != 0.0:
-            x = x - sampling.presence_penalty * (counts > 0).float()
-        if sampling.frequency_penalty != 0.0:
-            x = x - sampling.frequency_penalty * counts
+        if self.presence is not None:
+            x = x - rows(self.presence) * (counts > 0).float()
+        if self.frequency is not None:
+            x = x - rows(self.frequency) * counts
         if self.bias is not None:
-            index, values = self.bias
-            x = x.clone()
-            x[..., index] += values
+            x = x + rows(self.bias)
         return x

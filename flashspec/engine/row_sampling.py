@@ -1,10 +1,12 @@
 """Each row's sampling settings, from ``generate``/``stream``'s ``sampling`` and ``seed`` and from
 ``TokenStream.join``, and what the rows of one generation must share.
 
-Per row: temperature (0: greedy), top-k, top-p and the seed (``RowSampling``); the round warps
-each row by its own (``RowWarper``) and a row with a seed of its own draws only from its own
-generator (``RowRandom``). Everything else in ``SamplingConfig`` is the generation's, and rows
-that differ there cannot share it (``check_shared`` names the field):
+Per row: temperature (0: greedy), top-k, top-p, the seed, the penalties and the logit bias
+(``RowSampling``); the round warps each row by its own (``RowWarper``), changes each row's
+logits by its own penalties and bias (``flashspec.engine.penalties``), and a row with a seed of
+its own draws only from its own generator (``RowRandom``). Everything else in
+``SamplingConfig`` is the generation's, and rows that differ there cannot share it
+(``check_shared`` names the field):
 
 * ``gamma``, ``dynamic_gamma``, ``max_gamma``: the policy chooses one arm and draft length
   per round for the whole batch (``flashspec.select.policy``);
@@ -12,10 +14,7 @@ that differ there cannot share it (``check_shared`` names the field):
   ``typical_epsilon``/``typical_delta``: one accept rule runs per round. Greedy rows sit in
   either (a point mass is accepted exactly by both);
 * ``residual``: one sampling backend per round;
-* ``confidence_threshold``: the draft model's stop, set once per round;
-* the penalties and ``logit_bias``: one set of logit changes per round
-  (``flashspec.engine.penalties``), built from one ``SamplingConfig``; per-row logit
-  processors would go there, beside the per-row warp.
+* ``confidence_threshold``: the draft model's stop, set once per round.
 """
 
 from __future__ import annotations
@@ -29,7 +28,19 @@ from .._validate import is_int
 from ..config import SamplingConfig
 from .generation import Generation, RowSampling
 
-PER_ROW_FIELDS = frozenset({"temperature", "top_k", "top_p", "seed", "method"})
+PER_ROW_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "method",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+    }
+)
 """The ``SamplingConfig`` fields rows of one generation may set apart (``method`` as far as it
 follows the temperature: greedy beside rejection or beside typical, see the module docstring)."""
 
@@ -48,7 +59,8 @@ def check_shared(base: SamplingConfig, other: SamplingConfig, where: str) -> Non
         if mine != theirs:
             raise ValueError(
                 f"{where}.{name} is {theirs!r} but the generation's is {mine!r}: rows of one "
-                "generation differ only in temperature, top_k, top_p and seed; start another "
+                "generation differ only in temperature, top_k, top_p, seed, penalties and "
+                "logit_bias; start another "
                 "generation for other settings"
             )
 
@@ -91,17 +103,20 @@ def per_row_configs(
     return [default if config is None else config for config in configs]
 
 
-def _row(warp: tuple[float, int, float], seed: int | None, device: torch.device) -> RowSampling:
-    """A row warped by ``warp`` (temperature, top-k, top-p); with ``seed``, drawing from a
-    generator of its own."""
-    temperature, top_k, top_p = warp
+def _row(config: SamplingConfig, seed: int | None, device: torch.device) -> RowSampling:
+    """A row warped by ``config`` (temperature, top-k, top-p), its logits changed by its
+    penalties and bias; with ``seed``, drawing from a generator of its own."""
+    temperature, top_k, top_p = _warp(config)
+    penalties = config if config.penalized else None
     if temperature == 0:
-        return RowSampling(0.0, top_k, top_p)
+        return RowSampling(0.0, top_k, top_p, penalties=penalties)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
-    return RowSampling(temperature, top_k, top_p, generator, seeded=seed is not None)
+    return RowSampling(
+        temperature, top_k, top_p, generator, seeded=seed is not None, penalties=penalties
+    )
 
 
 def _warp(config: SamplingConfig) -> tuple[float, int, float]:
@@ -160,12 +175,11 @@ def start_sampling(
     if shared is not None:
         generator.manual_seed(shared)
         rows = [
-            dataclasses.replace(_row(_warp(c), None, device), seeded=c.temperature > 0)
-            for c in configs
+            dataclasses.replace(_row(c, None, device), seeded=c.temperature > 0) for c in configs
         ]
     else:
         generator.seed()
-        rows = [_row(_warp(c), s, device) for c, s in zip(configs, seeds, strict=True)]
+        rows = [_row(c, s, device) for c, s in zip(configs, seeds, strict=True)]
     return base, generator, rows, typical
 
 
@@ -184,11 +198,19 @@ def join_sampling(
     if seed is not None and not is_int(seed):
         raise ValueError(f"seed must be an integer or None, got {seed!r}")
     if sampling is None:
-        warp = gen.row_sampling[0].warp if gen.row_sampling else _warp(gen.sampling)
-        kind = None if warp[0] == 0 else gen.typical
+        first = gen.row_sampling[0] if gen.row_sampling else None
+        config = gen.sampling
+        if first is not None:
+            temperature, top_k, top_p = first.warp
+            config = first.penalties or dataclasses.replace(
+                gen.sampling, repetition_penalty=1.0, presence_penalty=0.0,
+                frequency_penalty=0.0, logit_bias=None,
+            )  # fmt: skip
+            config = dataclasses.replace(config, temperature=temperature, top_k=top_k, top_p=top_p)
+        kind = None if config.temperature == 0 else gen.typical
     else:
         check_shared(gen.sampling, sampling, "sampling")
-        warp, kind = _warp(sampling), _typical(sampling)
+        config, kind = sampling, _typical(sampling)
         if seed is None:
             seed = sampling.seed
     if kind is not None:
@@ -199,4 +221,4 @@ def join_sampling(
                 + "; a row that samples otherwise needs another generation"
             )
         gen.typical = kind
-    return _row(warp, seed, gen.tokens.device)
+    return _row(config, seed, gen.tokens.device)

@@ -77,8 +77,7 @@ def prepare(service: Service, request: CompletionRequest) -> Prepared:
         n=n,
         best_of=best_of,
         echoes=[
-            item if isinstance(item, str) else str(service.tokenizer.decode(item))
-            for item in items
+            item if isinstance(item, str) else str(service.tokenizer.decode(item)) for item in items
         ]
         if request.echo
         else None,

@@ -375,11 +375,12 @@ class Service:
         """(SamplingConfig for this call, seed, batch group) from the request's fields.
 
         OpenAI's defaults apply: temperature 1, top_p 1. Requests that differ only in
-        temperature, top_p, top_k and seed share a group: each row of a stream samples by its
-        own settings, and a seeded row from a generator of its own
-        (``flashspec.engine.row_sampling``), its output the same beside any rows. Only on an
-        engine whose rows move in lockstep (``seeded_rows_mix`` false) does a seeded request
-        still get a group of its own, as its rows' output would depend on their neighbours.
+        penalties, logit_bias, temperature, top_p, top_k and seed share a group: each row of a
+        stream has its logits changed and samples by its own settings, and a seeded row draws
+        from a generator of its own (``flashspec.engine.row_sampling``), its output the same
+        beside any rows. Only on an engine whose rows move in lockstep (``seeded_rows_mix``
+        false) does a seeded request still get a group of its own, as its rows' output would
+        depend on their neighbours.
         """
         base = dataclasses.replace(
             self.engine.config.sampling,
@@ -388,15 +389,10 @@ class Service:
             frequency_penalty=float(request.frequency_penalty or 0.0),
             logit_bias=logit_bias_of(request, self.vocab_size),
         )
-        # Rows of one stream share these: the round changes the target's logits once, by one
-        # SamplingConfig's penalties and bias (flashspec.engine.penalties); per-row logit
-        # processors would go there. Requests that differ run in other streams.
-        group: tuple[object, ...] = (
-            base.repetition_penalty,
-            base.presence_penalty,
-            base.frequency_penalty,
-            tuple(sorted((base.logit_bias or {}).items())),
-        )
+        # Requests of any penalties, bias, temperature, top_p, top_k and seed share a stream:
+        # each row's logits are changed and warped by its own (flashspec.engine.penalties,
+        # flashspec.engine.row_sampling).
+        group: tuple[object, ...] = ()
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         top_p = 1.0 if request.top_p is None else float(request.top_p)
         # Keeping the k most likely of fewer than k tokens keeps them all, as 0 does (the

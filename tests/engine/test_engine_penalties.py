@@ -281,3 +281,59 @@ def test_drafts_are_penalized_like_the_target() -> None:
     result = eng.generate(PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True)
     assert result.stats.drafted > 40
     assert result.stats.accepted == result.stats.drafted, result.stats
+
+
+def test_rows_of_one_batch_each_follow_their_own_penalties() -> None:
+    """Rows with different penalties and biases in one batch (``sampling=`` per row): each
+    equals HF greedy with its own processor, alone and beside the others, and a row without
+    any beside penalized rows keeps plain greedy decoding."""
+    settings = [
+        SamplingConfig(gamma=4, repetition_penalty=1.5),
+        SamplingConfig(gamma=4, presence_penalty=0.5, frequency_penalty=0.5,
+                       logit_bias={7: 3.0, 3: -100.0}),
+        SamplingConfig(gamma=4),
+    ]  # fmt: skip
+    references: list[dict[str, Any]] = [
+        {"repetition_penalty": 1.5},
+        {"reference": Reference(len(PROMPTS[1]), 0.5, 0.5, {7: 3.0, 3: -100.0})},
+        {},
+    ]
+    eng = engine(SamplingConfig(gamma=4))
+    batch = eng.generate(PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True, sampling=settings)
+    swapped = eng.generate(
+        PROMPTS[::-1], max_new_tokens=MAX_NEW[::-1], ignore_eos=True, sampling=settings[::-1]
+    )
+    for row, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW, strict=True)):
+        expected = hf_greedy(prompt, n, **references[row])
+        assert batch.tokens[row] == expected, row
+        assert swapped.tokens[len(PROMPTS) - 1 - row] == expected, row
+    assert 3 not in batch.tokens[1]
+    assert batch.stats.accepted > 10, batch.stats
+
+
+def test_a_sampled_row_follows_its_own_penalties_beside_other_rows() -> None:
+    """Chi-squared (alpha 0.01) of the first two tokens of rows with every penalty on, and of
+    rows with none, sampled in the same batches: each follows its own exact distribution."""
+    target, _ = models()
+    draft = perturbed_copy(target, noise=0.3, seed=4)
+    penalized = SamplingConfig(
+        gamma=4, temperature=1.0, repetition_penalty=1.3, presence_penalty=1.5,
+        frequency_penalty=0.5, logit_bias={5: 3.0, 7: 3.0},
+    )  # fmt: skip
+    plain = SamplingConfig(gamma=4, temperature=1.0)
+    config = FlashSpecConfig(sampling=plain, bandit=BanditConfig(batches="fixed"))
+    eng = SpeculativeEngine(config, [ModelDrafter(draft)], TargetModel(model=target))
+    prompt = PROMPTS[0]
+    counts = {name: (Counter[int](), Counter[int]()) for name in ("penalized", "plain")}
+    for call in range(30):
+        rows = [penalized, plain] * 25
+        result = eng.generate(
+            [prompt] * len(rows), max_new_tokens=2, ignore_eos=True, sampling=rows,
+            seed=[1000 * call + i for i in range(len(rows))],
+        )  # fmt: skip
+        for config, tokens in zip(rows, result.tokens, strict=True):
+            first, second = counts["penalized" if config is penalized else "plain"]
+            first[tokens[0]] += 1
+            second[tokens[1]] += 1
+    assert_first_two_follow(*counts["penalized"], *exact_two(penalized, prompt))
+    assert_first_two_follow(*counts["plain"], *exact_two(plain, prompt))

@@ -343,11 +343,12 @@ def test_a_row_cancelled_on_its_way_into_the_stream_leaves(
 # ------------------------------------------------ 4. sampling groups; fairness; seeded runs
 
 
-def test_other_temperatures_share_a_stream_and_other_penalties_wait_their_turn() -> None:
-    """Requests that differ in temperature, top_p and top_k join one stream: while a long
-    T=0.7 request runs, a greedy, a T=1.3 and a top_p=0.5 request join it. A request with
-    another presence penalty (a setting a stream's rows share) then waits for a stream of its
-    own, and a T=0.9 one sent after it does not overtake it by joining (the fairness rule)."""
+def test_other_settings_and_penalties_share_a_stream_and_other_logprobs_wait_their_turn() -> None:
+    """Requests that differ in temperature, top_p, top_k and penalties join one stream: while a
+    long T=0.7 request runs, a greedy, a T=1.3, a top_p=0.5 and a presence-penalized request
+    join it. A request that asks for logprobs (a setting a stream's rows share) then waits for
+    a stream of its own, and a T=0.9 one sent after it does not overtake it by joining (the
+    fairness rule)."""
     served, recorder = served_with_recorder(ROUND_PAUSE_S, batching="continuous")
     server = served.server
 
@@ -369,10 +370,12 @@ def test_other_temperatures_share_a_stream_and_other_penalties_wait_their_turn()
                 ("greedy", {"temperature": 0}),
                 ("hot", {"temperature": 1.3, "top_k": 0}),
                 ("nucleus", {"temperature": 1.0, "top_p": 0.5, "top_k": 0}),
-            ):
+                ("penalized", {"temperature": 0.7, "presence_penalty": 1.0,
+                               "frequency_penalty": 0.5, "logit_bias": {"5": 3}}),
+            ):  # fmt: skip
                 pool.submit(send, name, **settings).result(60)  # joined: answered meanwhile
                 assert wait_for(lambda: metric(server, "flashspec_running_rows") == 1)
-            other = pool.submit(send, "penalized", temperature=0.7, presence_penalty=1.0)
+            other = pool.submit(send, "logprobs", temperature=0.7, logprobs=1)
             assert wait_for(lambda: metric(server, "flashspec_queue_depth") == 1)
             late = pool.submit(send, "late", temperature=0.9)
             assert wait_for(lambda: metric(server, "flashspec_queue_depth") == 2)
@@ -383,9 +386,9 @@ def test_other_temperatures_share_a_stream_and_other_penalties_wait_their_turn()
     finally:
         server.stop()
     assert finish == "length"
-    assert order == ["greedy", "hot", "nucleus", "penalized", "late"]
+    assert order == ["greedy", "hot", "nucleus", "penalized", "logprobs", "late"]
     assert [(s["temperatures"], len(s["joined"])) for s in recorder.streams] == [
-        ([0.7, 0.0, 1.3, 1.0], 3),
+        ([0.7, 0.0, 1.3, 1.0, 0.7], 4),
         ([0.7], 0),
         ([0.9], 0),
     ]
