@@ -63,8 +63,9 @@ class Prepared:
     grammar: Grammar | None = None  # the structure every choice's text must follow
 
     def __post_init__(self) -> None:
-        # A batch's rows share one logprobs setting and one grammar.
-        self.group = (self.group, self.job_logprobs, self.grammar)
+        # A batch's rows share one grammar, and whether they report logprobs (a stream that
+        # does computes the most alternatives any request may ask, and each job keeps its own).
+        self.group = (self.group, self.job_logprobs is not None, self.grammar)
 
     @property
     def candidates(self) -> int:

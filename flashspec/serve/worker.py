@@ -8,6 +8,7 @@ running batch, keep static batching: such jobs wait for the next batch.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -294,6 +295,8 @@ class EngineWorker:
         return batch
 
     def _run_batch(self, batch: list[Job]) -> None:
+        from ..engine.logprobs import MAX_TOP  # (the parser imports this module without torch)
+
         metrics = self.metrics
         metrics.observe("batch_size", len(batch))
         metrics.set("running_rows", len(batch))
@@ -307,7 +310,9 @@ class EngineWorker:
                 stop=[list(job.stop) or None for job in batch],
                 seed=[job.seed for job in batch],
                 sampling=[job.sampling for job in batch],
-                logprobs=head.logprobs,
+                # Every job of the stream reports logprobs or none does (Job.group); each
+                # keeps its own number of alternatives of the most any may ask for.
+                logprobs=None if head.logprobs is None else MAX_TOP,
                 grammar=head.grammar,
             )
         except Exception as exc:
@@ -339,9 +344,11 @@ class EngineWorker:
                         self._count_cancel(owner.cancel_reason or "shutdown", "running")
                     else:
                         self._last_run_s = time.perf_counter() - started
-                infos = (
-                    None if chunk.logprobs is None else describe(self._tokenizer, chunk.logprobs)
-                )
+                infos = None
+                if chunk.logprobs is not None and owner.logprobs is not None:
+                    top = owner.logprobs
+                    entries = [dataclasses.replace(e, top=e.top[:top]) for e in chunk.logprobs]
+                    infos = describe(self._tokenizer, entries)
                 owner.deliver(
                     Event(chunk.text, len(chunk.token_ids), chunk.finish_reason, logprobs=infos)
                 )

@@ -394,6 +394,40 @@ def test_other_settings_and_penalties_share_a_stream_and_other_logprobs_wait_the
     ]
 
 
+def test_requests_asking_different_logprobs_share_a_stream_each_with_its_own() -> None:
+    """While a long request with logprobs=5 runs, one asking logprobs=1 joins it and gets one
+    alternative per token, the same numbers it gets alone, and one asking logprobs=0 gets
+    none: a stream computes the most alternatives and each job keeps its own."""
+    served, recorder = served_with_recorder(ROUND_PAUSE_S, batching="continuous")
+    server = served.server
+
+    def body(max_tokens: int, logprobs: int, **extra: Any) -> dict[str, Any]:
+        return {"prompt": "abc", "max_tokens": max_tokens, "temperature": 0, "logprobs": logprobs,
+                **extra}  # fmt: skip
+
+    try:
+        alone = {k: completion(server, body(4, k)) for k in (1, 0)}
+        connection, response = open_stream(server, {**body(200, 5), "prompt": LONG_PROMPT})
+        assert response.readline().startswith(b"data: ")
+        joined = {k: completion(server, body(4, k)) for k in (1, 0)}
+        read_stream(response)
+        connection.close()
+    finally:
+        server.stop()
+    assert [len(s["joined"]) for s in recorder.streams] == [0, 0, 2]
+    for k in (1, 0):
+        got, want = joined[k]["choices"][0]["logprobs"], alone[k]["choices"][0]["logprobs"]
+        assert got["tokens"] == want["tokens"] and len(got["tokens"]) == 4
+        assert got["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=1e-5)
+        if k == 0:
+            assert got["top_logprobs"] is None or all(not t for t in got["top_logprobs"])
+        else:
+            assert [len(t) for t in got["top_logprobs"]] == [1] * 4
+            for mine, theirs in zip(got["top_logprobs"], want["top_logprobs"], strict=True):
+                assert list(mine) == list(theirs)  # (a batch's floats differ in the last bits)
+                assert list(mine.values()) == pytest.approx(list(theirs.values()), abs=1e-5)
+
+
 SEEDED = {"max_tokens": 12, "temperature": 1.0, "seed": 1234}
 NOISE = ("abc", "zzzz", "1+1=", "(((", "a", "while true:")
 
