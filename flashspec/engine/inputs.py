@@ -17,7 +17,7 @@ from ..models import Padding, TargetModel, as_id_list
 from ..sampling import Warper
 from .generation import Generation, Row
 from .logprobs import MAX_TOP
-from .row_sampling import start_sampling
+from .row_sampling import check_bias_ids, start_sampling
 
 Prompt = str | Sequence[str] | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
 Stop = str | Sequence[str] | Sequence[str | Sequence[str] | None] | None
@@ -82,18 +82,7 @@ def prepare(
     base, generator, row_settings, typical = start_sampling(
         len(rows), sampling, seed, config.sampling, device
     )
-    outside = [
-        t
-        for row in row_settings
-        if row.penalties is not None
-        for t in row.penalties.logit_bias or ()
-        if t >= target.vocab_size
-    ]
-    if outside:
-        raise ValueError(
-            f"logit_bias names token {outside[0]}, outside the target's vocabulary of "
-            f"{target.vocab_size} tokens; use ids below {target.vocab_size}"
-        )
+    check_bias_ids(row_settings, target.vocab_size)
     state = None
     if grammar is not None:
         if not isinstance(grammar, Grammar):

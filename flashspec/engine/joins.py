@@ -14,7 +14,7 @@ from ..config import SamplingConfig
 from ..models import Padding
 from .generation import Generation, Row
 from .inputs import Stop, per_row_stops, tokenize
-from .row_sampling import join_sampling
+from .row_sampling import check_bias_ids, join_sampling
 
 if TYPE_CHECKING:
     from .loop import SpeculativeEngine
@@ -60,14 +60,7 @@ def join(
             f"{gen.limit}, leaving no room to generate; shorten the prompt"
         )
     settings = join_sampling(gen, sampling, seed)
-    vocab = engine.target.vocab_size
-    bias = settings.penalties.logit_bias if settings.penalties is not None else None
-    outside = [t for t in bias or () if t >= vocab]
-    if outside:
-        raise ValueError(
-            f"logit_bias names token {outside[0]}, outside the target's vocabulary of {vocab} "
-            f"tokens; use ids below {vocab}"
-        )
+    check_bias_ids([settings], engine.target.vocab_size)
     index = len(gen.rows)
     if gen.grammar is not None:
         gen.grammar.add_rows([index])  # the generation's grammar binds every row

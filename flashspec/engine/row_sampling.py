@@ -65,6 +65,22 @@ def check_shared(base: SamplingConfig, other: SamplingConfig, where: str) -> Non
             )
 
 
+def check_bias_ids(rows: Sequence[RowSampling], vocab: int) -> None:
+    """Raise unless every row's ``logit_bias`` names tokens of the target's vocabulary.
+
+    Raises:
+        ValueError: naming the first id outside it.
+    """
+    for row in rows:
+        bias = row.penalties.logit_bias if row.penalties is not None else None
+        outside = [t for t in bias or () if t >= vocab]
+        if outside:
+            raise ValueError(
+                f"logit_bias names token {outside[0]}, outside the target's vocabulary of "
+                f"{vocab} tokens; use ids below {vocab}"
+            )
+
+
 def _typical(config: SamplingConfig) -> bool | None:
     """Whether a sampling row accepts typically (None for a greedy row, which fits both)."""
     return None if config.temperature == 0 else config.resolved_method == "typical"

@@ -4,13 +4,13 @@ graph (``scripts/import_graph.py``, deferred and lazy imports included)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.helpers.import_graph import load_import_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
@@ -37,12 +37,7 @@ ONLY_FROM: dict[str, set[str]] = {
 
 @pytest.fixture(scope="module")
 def graph() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_graph_for_architecture", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_import_graph()
 
 
 @pytest.fixture(scope="module")

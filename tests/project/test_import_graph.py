@@ -3,13 +3,13 @@ research scripts in ``benchmarks/`` use public names only (``scripts/import_grap
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.helpers.import_graph import load_import_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "import_graph.py"
@@ -18,12 +18,7 @@ pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="no scripts/ in this
 
 @pytest.fixture(scope="module")
 def graph() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_import_graph()
 
 
 def test_no_import_cycles(graph: ModuleType) -> None:
