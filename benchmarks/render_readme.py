@@ -1020,6 +1020,11 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
                  for k, v in memory.items()]  # fmt: skip
         lines += ["", "Resident memory after loading, each in a fresh process: "
                   + ", ".join(parts) + "."]  # fmt: skip
+        if "imports" in memory:
+            lines += ["", "`imports` is a process that only imports torch and transformers' "
+                      "Llama model code: what any engine on transformers' models holds before "
+                      "a weight loads; `file` is the GGUF's size, the weights every token reads; "
+                      "`llamacpp_alone` is llama.cpp in a process without torch."]  # fmt: skip
     notes = settings.get("notes") or {}
     if notes:
         lines += ["", "Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) + "."]

@@ -19,9 +19,12 @@ untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
 Greedy rows of flashspec are checked against ``hf_fp32`` (transformers' dequantized model) under
 the tie rule (``flashspec.bench.identity.compare_greedy``); llama.cpp's against it too (it
 quantizes activations, so its text may differ). Resident memory after loading each method's
-model is measured in a fresh process (``--rss METHOD``). Then the cost of one target forward of
-1..5 rows (a step, a verification) after 150 and 1,000 tokens, and of a prompt's prefill, with
-the fused C decoder step and without it.
+model is measured in a fresh process (``--rss METHOD``), beside two references: ``imports``,
+a process that only imports torch and transformers' Llama model code (what any engine built on
+transformers' models holds before a weight loads), and ``llamacpp_alone``, llama.cpp loaded in
+a process without torch (the ``llamacpp`` entry imports this benchmark's torch too). Then the
+cost of one target forward of 1..5 rows (a step, a verification) after 150 and 1,000 tokens,
+and of a prompt's prefill, with the fused C decoder step and without it.
 Writes ``benchmarks/results/smollm2-quant.json``: machine, versions, git sha, per-request
 records, per workload and method the medians of tokens/s and of the ratio to llama.cpp plain
 and to HF fp32. Not a test: numbers depend on load.
@@ -86,7 +89,12 @@ def rss_mb() -> float:
 
 
 def load(method: str) -> Any:
-    """The object a method runs: an engine, an HF model or a llama.cpp model."""
+    """The object a method runs: an engine, an HF model or a llama.cpp model (``imports``:
+    none, only transformers' Llama model code imported)."""
+    if method == "imports":
+        from transformers.models.llama import modeling_llama
+
+        return modeling_llama
     if method in ("hf_fp32", "hf_bf16"):
         dtype = "float32" if method == "hf_fp32" else "bfloat16"
         return EngineOptions(target=TARGET[0], drafter="prompt-lookup", dtype=dtype).build()
@@ -283,14 +291,34 @@ def step_costs(engine: Any) -> dict[str, Any]:
     }
 
 
+LLAMACPP_ALONE = """
+import sys
+import llama_cpp
+model = llama_cpp.Llama(model_path=sys.argv[1], n_threads=2, n_ctx=4096, verbose=False)
+for line in open("/proc/self/status"):
+    if line.startswith("VmRSS:"):
+        print(int(line.split()[1]) / 1024)
+"""
+"""llama.cpp's resident memory after load in a process that imports nothing else."""
+
+RSS_REFERENCES = ("imports", "llamacpp_alone")
+
+
 def resident_memory(methods: list[str]) -> dict[str, float | str]:
-    """RSS (MB) after loading each method's model, each in a fresh process."""
-    out: dict[str, float | str] = {}
-    for method in methods:
+    """RSS (MB) after loading each method's model, each in a fresh process, with the two
+    references (``RSS_REFERENCES``) and the file's size."""
+    out: dict[str, float | str] = {"file": Path(target_file()).stat().st_size / 2**20}
+    for method in [*RSS_REFERENCES, *methods]:
+        command = (
+            [sys.executable, "-c", LLAMACPP_ALONE, target_file()]
+            if method == "llamacpp_alone"
+            else [sys.executable, __file__, "--rss", method, "--target", TARGET[0]]
+        )
+        if method == "llamacpp_alone" and "llamacpp" not in methods:
+            continue
         proc = subprocess.run(
-            [sys.executable, __file__, "--rss", method, "--target", TARGET[0]],
-            capture_output=True, text=True, timeout=900, env=os.environ.copy(),
-        )  # fmt: skip
+            command, capture_output=True, text=True, timeout=900, env=os.environ.copy()
+        )
         lines = proc.stdout.strip().splitlines()
         out[method] = float(lines[-1]) if proc.returncode == 0 and lines else proc.stderr[-300:]
     return out

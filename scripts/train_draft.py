@@ -68,6 +68,7 @@ from flashspec.drafters.shared_head import (
     own_state,
     save_shared_head_draft,
 )
+from flashspec.loading.drafts import model_fingerprint
 
 CHECKPOINT = "checkpoint.pt"
 CARD = "card.json"
@@ -153,7 +154,7 @@ def init_from_target(draft: Any, target: Any) -> None:
 
 def subset_scores(draft: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The draft's scores over its subset only (no full-vocabulary scatter while training)."""
-    rows = draft.lm_head.get_buffer("rows")
+    rows = draft.lm_head.dense()
     return hidden @ rows.to(hidden.dtype).T
 
 
@@ -507,6 +508,8 @@ def train(
     costs["draft_over_target"] = costs["draft_step_ms"] / costs["target_step_ms"]
     card = {
         "target": args.target,
+        # Other files of this model (another quantization) draft with it: loading.drafts.
+        "fits": model_fingerprint(target, tokenizer),
         "dtype": args.dtype,
         "layers": args.layers,
         "reads": args.reads,

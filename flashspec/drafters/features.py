@@ -83,7 +83,7 @@ class FeatureDrafter(Drafter):
                 hidden states cannot be kept (``TargetModel.track_features``).
         """
         head = self.draft.lm_head
-        hidden = int(head.get_buffer("rows").shape[1])
+        hidden = int(head.hidden)
         width = int(getattr(target.config, "hidden_size", hidden) or hidden)
         if head.vocab_size != target.vocab_size or hidden != width:
             raise ValueError(

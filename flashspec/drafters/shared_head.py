@@ -64,22 +64,34 @@ class SubsetHead(torch.nn.Module):
         if torch.unique(ids).numel() != ids.numel():
             raise ValueError("ids: token ids must be distinct")
         self.vocab_size = vocab_size
+        self.hidden = (
+            weight.in_features if isinstance(weight, QuantLinear) else int(weight.shape[1])
+        )
         self.register_buffer("ids", ids, persistent=False)
-        # A buffer, not a parameter: the rows are the target's, trained with it, not here.
-        rows = weight.dense_rows(ids) if isinstance(weight, QuantLinear) else weight.detach()[ids]
-        self.register_buffer("rows", rows.clone(), persistent=False)
-        # A quantized head's rows stay blocks too: a draft step reads a quarter of the bytes.
+        # A quantized head's rows stay blocks: a draft step reads a quarter of the bytes, and
+        # their float copy (19 MB for SmolLM2's 8,193 rows) is made only if a step needs it.
         self.quantized = weight.subset(ids) if isinstance(weight, QuantLinear) else None
+        # A buffer, not a parameter: the rows are the target's, trained with it, not here.
+        rows = None if isinstance(weight, QuantLinear) else weight.detach()[ids].clone()
+        self.register_buffer("rows", rows, persistent=False)
+
+    def dense(self) -> torch.Tensor:
+        """The subset's rows at their exact float32 values, (len(ids), hidden)."""
+        rows = self._buffers.get("rows")
+        if rows is None:
+            assert self.quantized is not None
+            rows = self.quantized.dense_weight()
+            self.register_buffer("rows", rows, persistent=False)
+        return rows
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary: the subset's scores, ``-inf`` elsewhere."""
-        rows = self.get_buffer("rows")
         ids = self.get_buffer("ids")
         scores: torch.Tensor
         if self.quantized is not None and hidden.dtype == torch.float32:
             scores = self.quantized(hidden)
         else:
-            scores = hidden @ rows.to(hidden.dtype).T
+            scores = hidden @ self.dense().to(hidden.dtype).T
         logits = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
         logits[..., ids] = scores
         return logits

@@ -8,9 +8,11 @@ draft that reads the target's hidden states, ``ModelDrafter`` for one that reads
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..drafters.shared_head import CONFIG_FILE, draft_input, load_shared_head_draft
 
@@ -26,6 +28,11 @@ DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 BUNDLED_DRAFTS: dict[str, str] = {"smollm2": "smollm2"}
 """Named target (``flashspec.loading.named``) to the folder of its draft in ``DRAFTS_DIR``,
 trained by ``scripts/train_draft.py`` (its card.json says how)."""
+
+CARD_FILE = "card.json"
+FITS_KEY = "fits"
+"""The key of a shipped draft's card that holds ``model_fingerprint`` of the model it was
+trained on: another file of that model (a Q4_K_M download of SmolLM2, say) drafts with it too."""
 
 
 def is_shared_head_folder(path: str | Path) -> bool:
@@ -64,13 +71,65 @@ def shared_head_drafter(
     return ModelDrafter(draft, name=label, tokenizer=target.tokenizer)
 
 
+def model_fingerprint(model: Any, tokenizer: Any) -> dict[str, Any]:
+    """What identifies a model to a draft trained on it: its width, depth and vocabulary
+    size, and its tokens in id order (hashed). Quantizing the model again keeps all four; a
+    draft only needs these to agree to draft well, and drafting never changes the output."""
+    config = model.config
+    vocab: dict[str, int] = tokenizer.get_vocab() if tokenizer is not None else {}
+    tokens = sorted(vocab.items(), key=lambda item: item[1])
+    digest = hashlib.sha256(json.dumps(tokens, ensure_ascii=False).encode()).hexdigest()
+    return {
+        "hidden_size": int(config.hidden_size),
+        "num_hidden_layers": int(config.num_hidden_layers),
+        "vocab_size": int(config.vocab_size),
+        "tokens_sha256": digest,
+    }
+
+
+def _fitting_draft(target: TargetModel) -> tuple[str, Path] | None:
+    """The named target and folder of a shipped draft trained on ``target``'s model (its
+    card's ``fits`` equal to ``target``'s fingerprint), or None."""
+    fingerprint: dict[str, Any] | None = None
+    for name, folder_name in BUNDLED_DRAFTS.items():
+        folder = DRAFTS_DIR / folder_name
+        card_path = folder / CARD_FILE
+        if not is_shared_head_folder(folder) or not card_path.is_file():
+            continue
+        fits = json.loads(card_path.read_text()).get(FITS_KEY)
+        if not isinstance(fits, dict):
+            continue
+        if fingerprint is None:
+            if target.tokenizer is None:
+                return None
+            fingerprint = model_fingerprint(target.model, target.tokenizer)
+        if fits == fingerprint:
+            return name, folder
+    return None
+
+
 def bundled_drafter(target_name: str, target: TargetModel) -> Drafter | None:
     """The drafter of the draft shipped for the named target, attached to ``target``; None
     when there is none, or when it does not fit ``target`` (another file under the same name:
-    logged as a warning, and the engine drafts without it)."""
+    logged as a warning, and the engine drafts without it).
+
+    A target given by another name (a GGUF file, a folder) drafts with a shipped draft when
+    it is that draft's model (``model_fingerprint`` equal to the draft card's ``fits``); one
+    log line says so.
+    """
     folder = bundled_draft(target_name)
     if folder is None:
-        return None
+        found = _fitting_draft(target)
+        if found is None:
+            return None
+        name, folder = found
+        LOG.info(
+            "flashspec: %s is the model of the draft shipped for %r (same width, depth and "
+            "tokens); drafting with it",
+            target.name,
+            name,
+        )
+        target_name = name
     try:
         return shared_head_drafter(folder, target, name=f"{target_name.lower()}-draft")
     except ValueError as exc:

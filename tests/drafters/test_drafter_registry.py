@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import flashspec.loading.drafts as drafts
 from flashspec import SpeculativeEngine
 from flashspec.drafters import FeatureDrafter, ModelDrafter, PromptLookupDrafter
 from flashspec.drafters.shared_head import build_shared_head_draft, save_shared_head_draft
+from flashspec.loading.drafts import model_fingerprint
 from flashspec.options import EngineOptions
 from tests.helpers.models import build_char_tokenizer, build_llama
 
@@ -58,3 +61,31 @@ def test_a_named_target_drafts_with_its_shipped_draft_first(
         (FeatureDrafter.__name__, f"{name.lower()}-draft"),
         (PromptLookupDrafter.__name__, "prompt_lookup"),
     ]
+
+
+def test_another_file_of_a_shipped_drafts_model_drafts_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A target loaded by another name (another quantization of the model, say) whose width,
+    depth and tokens are those the shipped draft's card records gets that draft; a card that
+    records other tokens gives none."""
+    model = saved_target(tmp_path / "tiny")
+    vocab = int(model.config.vocab_size)
+    draft = build_shared_head_draft(model, list(range(vocab)), layers=1, reads="features")
+    folder = save_shared_head_draft(draft, tmp_path / "drafts" / "tiny")
+    fits = model_fingerprint(model, build_char_tokenizer())
+    (folder / drafts.CARD_FILE).write_text(json.dumps({drafts.FITS_KEY: fits}))
+    monkeypatch.setattr(drafts, "DRAFTS_DIR", tmp_path / "drafts")
+    monkeypatch.setattr(drafts, "BUNDLED_DRAFTS", {"tiny-named": "tiny"})
+    model.save_pretrained(tmp_path / "copy")
+    build_char_tokenizer().save_pretrained(tmp_path / "copy")
+    with caplog.at_level(logging.INFO, logger="flashspec"):
+        assert both(str(tmp_path / "copy")) == [
+            (FeatureDrafter.__name__, "tiny-named-draft"),
+            (PromptLookupDrafter.__name__, "prompt_lookup"),
+        ]
+    assert "the model of the draft shipped for 'tiny-named'" in caplog.text
+    # Another tokenizer with the same sizes: the tokens differ, so no shipped draft.
+    fits_other = dict(fits, tokens_sha256="0" * 64)
+    (folder / drafts.CARD_FILE).write_text(json.dumps({drafts.FITS_KEY: fits_other}))
+    assert both(str(tmp_path / "copy")) == [(PromptLookupDrafter.__name__, "prompt_lookup")]

@@ -357,7 +357,7 @@ def test_subset_head_over_a_quantized_head() -> None:
     layer = _layer("Q8_0", n=40, k=64)
     ids = torch.tensor([3, 17, 0, 39, 8])
     head = SubsetHead(layer, ids, 40)
-    assert torch.equal(head.get_buffer("rows"), layer.dense_weight()[ids])
+    assert torch.equal(head.dense(), layer.dense_weight()[ids])
     hidden = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(2))
     logits = head(hidden)
     want = hidden.double() @ layer.dense_weight()[ids].double().T
