@@ -85,8 +85,7 @@ def lean_forward(
     module docstring); any other call runs transformers' own."""
     t = _names()
     plain = (
-        input_ids is not None
-        and inputs_embeds is None
+        (input_ids is None) != (inputs_embeds is None)
         and cache is not None
         and kwargs.get("use_cache", True)
         and _PLAIN_KWARGS.issuperset(kwargs)
@@ -103,8 +102,8 @@ def lean_forward(
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-    assert input_ids is not None
-    embeds = self.embed_tokens(input_ids)
+    # A features draft passes its fused inputs as embeddings (drafters.shared_head).
+    embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
     if position_ids is None:
         seen = cache.get_seq_length()
         position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]

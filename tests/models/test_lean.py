@@ -81,6 +81,25 @@ def test_lean_forward_is_bitwise_transformers(attention: str, kv_heads: int, kin
         assert torch.equal(layer_a.values, layer_b.values)
 
 
+@pytest.mark.parametrize("kind", ["plain", "ragged"])
+def test_embeddings_in_take_the_lean_path_bitwise(kind: str) -> None:
+    """Inputs as embeddings (a features draft's fused inputs) run the lean path too, with
+    transformers' logits bit for bit; no layer module is called."""
+    lean, stock = _pair()
+    calls: list[int] = []
+    lean.model.layers[0].register_forward_hook(lambda *a: calls.append(1))
+    feeds = [
+        {**{k: v for k, v in feed.items() if k != "input_ids"},
+         "inputs_embeds": stock.model.embed_tokens(feed["input_ids"]).detach() * 0.5}
+        for feed in _feeds(kind)
+    ]  # fmt: skip
+    got, _ = _steps(lean, feeds)
+    want, _ = _steps(stock, feeds)
+    assert calls == []
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
 def test_lean_path_is_taken_and_hooks_fire() -> None:
     lean, _ = _pair()
     seen: list[tuple[int, ...]] = []
