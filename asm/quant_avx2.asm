@@ -5,20 +5,22 @@
 ;   void fs_qmm_q4_0_avx2(const fs_qjob *job  rdi)
 ;   void fs_qmm_q4_1_avx2(const fs_qjob *job  rdi)
 ;   void fs_qmm_q8_0_avx2(const fs_qjob *job  rdi)
+;   void fs_qmm_q5_0_avx2(const fs_qjob *job  rdi)
 ;   void fs_qmm_q4_kr_avx2(const fs_qjob *job  rdi)
 ;   void fs_qmm_q6_kr_avx2(const fs_qjob *job  rdi)
 ;
 ;   y[i * ldy + j] = sum_k x[i * ldx + k] * W[j, k]   for i < m, j < n
 ;
-; ISA: AVX2 + FMA + F16C (VEX only, ymm0-15): vpmovzxbd/vpmovsxbd/vpbroadcastw
-; (AVX2), vfmadd (FMA3), vcvtph2ps (F16C). The dispatcher must check all three.
+; ISA: AVX2 + FMA + F16C (VEX only, ymm0-15): vpmovzxbd/vpmovsxbd/vpbroadcastw/
+; vpbroadcastd (AVX2), vfmadd (FMA3), vcvtph2ps (F16C). The dispatcher must check all three.
 ;
 ; ABI: System V AMD64. rbx, rbp, r12-r15 are saved and restored (the register plan
 ; needs every GPR); a 40-byte frame holds the pass state. No alignment is assumed
 ; for any pointer. Reads stay inside x rows [0, kb * 32) and the n * kb weight
-; blocks (fp16 words d / m, the repacked layouts' float32 scale dwords and 8-byte
-; loads of quants, all inside the block's 18/20/34/24/40 bytes), so the last block
-; may end a mapping. Writes go only to
+; blocks (fp16 words d / m, Q5_0's qh dword, the repacked layouts' float32 scale
+; dwords and 8-byte loads of quants, all inside the block's 18/20/34/22/24/40
+; bytes: Q5_0's last load, of bytes 14-21, ends where its block does), so the last
+; block may end a mapping. Writes go only to
 ; y[i * ldy + j]. Ends with vzeroupper. MXCSR is not touched.
 ; Software prefetches (prefetcht0) run one tile ahead of the weight rows being
 ; read and may name addresses past the last row: a prefetch never faults.
@@ -26,6 +28,8 @@
 ; Exactness: each weight is formed in a register as gguf-py's float32 value:
 ;   Q8_0  w = float(q) * d                 (exact)
 ;   Q4_0  w = float(q - 8) * d             (exact; integer subtract first)
+;   Q5_0  w = float(q - 16) * d            (exact; q = nibble | qh bit << 4, the
+;                                           bias subtracted as integers first)
 ;   Q4_1  w = fma(float(q), d, m)          (d * q exact, one rounding like d*q + m)
 ;   Q4_KR w = fma(float(q), D, M)          (the same, float32 D and M)
 ;   Q6_KR w = float(q) * D_h               (one rounding, as gguf-py's)
@@ -34,6 +38,7 @@
 ; Accumulation and determinism: one ymm accumulator per (x row i, weight row j).
 ; Per block b, lane l adds, in this order (e = element of the block):
 ;   Q4_0/Q4_1  e = l, l + 16, l + 8, l + 24    (low/high nibbles of bytes 0-7, 8-15)
+;   Q5_0       e = l, l + 16, l + 8, l + 24    (as Q4_0; qh's bit e joins element e)
 ;   Q4_KR      e = l, l + 16, l + 8, l + 24    (as Q4_1)
 ;   Q8_0/Q6_KR e = l, l + 8, l + 16, l + 24
 ; After the last block the 8 lanes are folded in one fixed order: l + (l + 4),
@@ -61,12 +66,14 @@
 ;   rbx (TR > 5) / rdx (TR <= 5)  prefetch pointer into the next tile
 ;   rbp  ldx * 4              r12  3 * ldx * 4
 ;   r13  weight rows left     r14  &y[pass row 0, j0]   r15  weight row j0, block 0
-;   ymm0, ymm1  d / m broadcast (fp16 -> float32); in the tile scheme ymm0 then
-;               holds 8 floats of x; fold temporaries (xmm0 = the output)
+;   ymm0, ymm1  d / m broadcast (fp16 -> float32); Q5_0: ymm1 = qh's bits while a
+;               half is dequantized; in the tile scheme ymm0 then holds 8 floats
+;               of x; fold temporaries (xmm0 = the output)
 ;   ymm2 + 2h, ymm3 + 2h  dequantized weights (8 each, order above) of held row h
 ;               (stream: h = 0 only; tile: h < TR)
 ;   ymm(2 + 2 HELD) + i * TR + r  accumulator of (x row i, weight row r), to ymm15
-;   nibble mask and Q4_0 bias: memory operands (no register left for them)
+;   nibble mask, Q4_0 bias, Q5_0 bit masks and bias: memory operands (no register
+;               left for them)
 
 %include "macros.inc"
 %include "quant.inc"
@@ -84,6 +91,13 @@ section .rodata
 align 32
 c_nibble_mask:  times 8 dd NIBBLE_MASK
 c_q4_bias:      times 8 dd Q4_BIAS
+c_q5_clear:     times 8 dd -Q5_BIAS         ; added to q's nibble where its qh bit is clear
+c_q5_bits:                                  ; dword e: 1 << e (element e's bit of qh)
+%assign e 0
+%rep QK
+                dd 1 << e
+%assign e e + 1
+%endrep
 
 section .text
 
@@ -154,6 +168,10 @@ section .text
     vpbroadcastw    xmm0, [%1 + Q4_0_D]
     vcvtph2ps       ymm0, xmm0
 %endmacro
+%macro SCALE_Q5_0 1
+    vpbroadcastw    xmm0, [%1 + Q5_0_D]
+    vcvtph2ps       ymm0, xmm0
+%endmacro
 %macro SCALE_Q4_1 1
     vpbroadcastw    xmm0, [%1 + Q4_1_D]
     vpbroadcastw    xmm1, [%1 + Q4_1_M]
@@ -199,6 +217,33 @@ section .text
     vmulps          ymm%3, ymm%3, ymm0
 %assign XD0 %2 * YMM_X
 %assign XD1 (%2 + 2) * YMM_X
+%endmacro
+
+; Q5_0: Q4_0's nibbles, then each element's qh bit: q - 16 = nibble + (bit ? 0 : -16),
+; an integer, converted exactly and times d (exact: 11 x 5 bits).
+%macro HALF_Q5_0 4
+    vpmovzxbd       ymm%3, [%1 + Q5_0_QS + %2 * 8]  ; byte b: nibbles of elements b, b + 16
+    vpsrld          ymm%4, ymm%3, NIBBLE_BITS
+    vpand           ymm%3, ymm%3, [c_nibble_mask]
+    Q5_HIGH_BITS    %1, %3, %2                      ; elements 8h + l
+    Q5_HIGH_BITS    %1, %4, %2 + 2                  ; elements 16 + 8h + l
+    vcvtdq2ps       ymm%4, ymm%4
+    vcvtdq2ps       ymm%3, ymm%3
+    vmulps          ymm%4, ymm%4, ymm0
+    vmulps          ymm%3, ymm%3, ymm0
+%assign XD0 %2 * YMM_X
+%assign XD1 (%2 + 2) * YMM_X
+%endmacro
+
+; Q5_HIGH_BITS addr, r, g: ymm r holds the nibbles of elements 8g + l (lane l); add
+; Q5_HIGH_BIT - Q5_BIAS where bit 8g + l of the block's qh is set, -Q5_BIAS where it is
+; clear: ymm r = q - 16. Clobbers ymm1.
+%macro Q5_HIGH_BITS 3
+    vpbroadcastd    ymm1, [%1 + Q5_0_QH]
+    vpand           ymm1, ymm1, [c_q5_bits + (%3) * YMM_X]
+    vpcmpeqd        ymm1, ymm1, [c_q5_bits + (%3) * YMM_X]  ; all ones where the bit is set
+    vpandn          ymm1, ymm1, [c_q5_clear]        ; -16 where it is clear, else 0
+    vpaddd          ymm%2, ymm%2, ymm1
 %endmacro
 
 %macro HALF_Q4_1 4
@@ -293,6 +338,7 @@ section .text
 QMM_KERNEL Q4_0, fs_qmm_q4_0_avx2
 QMM_KERNEL Q4_1, fs_qmm_q4_1_avx2
 QMM_KERNEL Q8_0, fs_qmm_q8_0_avx2
+QMM_KERNEL Q5_0, fs_qmm_q5_0_avx2
 QMM_KERNEL Q4_KR, fs_qmm_q4_kr_avx2
 QMM_KERNEL Q6_KR, fs_qmm_q6_kr_avx2
 

@@ -5,13 +5,15 @@
 ;   void fs_qmm_q4_0_avx512(const fs_qjob *job  rdi)
 ;   void fs_qmm_q4_1_avx512(const fs_qjob *job  rdi)
 ;   void fs_qmm_q8_0_avx512(const fs_qjob *job  rdi)
+;   void fs_qmm_q5_0_avx512(const fs_qjob *job  rdi)
 ;   void fs_qmm_q4_kr_avx512(const fs_qjob *job  rdi)
 ;   void fs_qmm_q6_kr_avx512(const fs_qjob *job  rdi)
 ;
 ;   y[i * ldy + j] = sum_k x[i * ldx + k] * W[j, k]   for i < m, j < n
 ;
 ; ISA: AVX-512F (EVEX, zmm0-31; no BW, DQ or VL: every EVEX instruction has a zmm
-; operand) plus a few VEX instructions on xmm0/xmm1 for the fp16 scales and the
+; operand; Q5_0 uses opmasks k1/k2, loaded by kmovw, which is AVX-512F) plus a few
+; VEX instructions on xmm0/xmm1 for the fp16 scales and the
 ; final fold: vpbroadcastw/vpbroadcastd xmm, m (AVX2), vcvtph2ps xmm, xmm (F16C:
 ; a zmm vcvtph2ps is twice the work for one value), vmovshdup/vaddps/vaddss/
 ; vmovhlps/vextractf128/vmovss (AVX). The dispatcher must check AVX512F, AVX2,
@@ -21,10 +23,11 @@
 ; ABI: System V AMD64. rbx, rbp, r12-r15 are saved and restored (the register plan
 ; needs every GPR); a 40-byte frame holds the pass state. No alignment is assumed
 ; for any pointer. Reads stay inside x rows [0, kb * 32) and the n * kb weight
-; blocks (each block is read as its fp16 d word, Q4_1's d and m as one dword, the
-; repacked layouts' float32 scale dwords, and 16-byte loads of quants: one for
-; Q4, two for Q8_0 and Q6_KR, all inside its 18/20/34/24/40 bytes), so the last
-; block may end a mapping.
+; blocks (each block is read as its fp16 d word, Q4_1's d and m as one dword,
+; Q5_0's qh as two words, the repacked layouts' float32 scale dwords, and 16-byte
+; loads of quants: one for Q4 and Q5_0, two for Q8_0 and Q6_KR, all inside its
+; 18/20/34/22/24/40 bytes: Q5_0's nibbles are its last 16), so the last block may
+; end a mapping.
 ; Writes go only to y[i * ldy + j]. Ends with vzeroupper. MXCSR is not touched.
 ; Software prefetches (prefetcht0) run one tile ahead of the weight rows being
 ; read and may name addresses past the last row: a prefetch never faults.
@@ -32,6 +35,7 @@
 ; Exactness: each weight is formed in a register as gguf-py's float32 value:
 ;   Q8_0  w = float(q) * d                 (exact)
 ;   Q4_0  w = T[q], T[q] = d * float(q - 8)         (exact)
+;   Q5_0  w = T[q], T[q] = d * float(q - 16)        (exact; q = 0..31)
 ;   Q4_1  w = T[q], T[q] = fma(d, float(q), m)      (d * q exact: one rounding,
 ;                                                    as gguf-py's d*q + m)
 ;   Q4_KR w = T[q], T[q] = fma(D, float(q), M)      (the same, float32 D and M)
@@ -39,7 +43,10 @@
 ; with d and m widened by vcvtph2ps (exact); D, M are read as they are. For Q4 the 16 levels T[0..15] of a
 ; block are computed once (one zmm) and each element looks its weight up with
 ; vpermps, which reads only bits 0-3 of each index dword: byte b as a dword gives
-; element b (low nibble), byte b >> 4 element b + 16. x is never quantized.
+; element b (low nibble), byte b >> 4 element b + 16. For Q5_0 the 32 levels are two
+; zmm (T[0..15], T[16..31]) and vpermi2ps looks up 5-bit indices: the nibble (bits
+; 4-7 of the low ones cleared) with bit 4 set, by an opmask from qh, where element e's
+; bit of qh is. x is never quantized.
 ;
 ; Accumulation and determinism: one zmm accumulator per (x row i, weight row j).
 ; Per block, lane l adds x[32b + l] * w[32b + l], then x[32b + 16 + l] * w[32b +
@@ -69,7 +76,10 @@
 ;   r13  weight rows left     r14  &y[pass row 0, j0]   r15  weight row j0, block 0
 ;   zmm0, zmm1  d / m (dequantizing), then x[0..15] / x[16..31] of an x row; fold
 ;               temporaries (xmm0 = the output)
-;   zmm2        Q4 levels: float(q - bias) in lane q (ISA_SETUP); zmm3 free
+;   zmm2        Q4 levels: float(q - bias) in lane q (ISA_SETUP); Q5_0: float(q - 16)
+;               for q = 0..15 (lane q)
+;   zmm3        Q5_0: float(q - 16) for q = 16..31 (lane q - 16); else free
+;   k1, k2      Q5_0: qh bits 0-15 / 16-31 (elements 0-15 / 16-31)
 ;   zmm4 + 2r, zmm5 + 2r   weights of tile row r, elements 0-15 / 16-31
 ;   zmm(4 + 2 TR) + i * TR + r  accumulator of (x row i, weight row r), to zmm31
 
@@ -89,6 +99,9 @@ section .rodata
 align CACHE_LINE
 c_q4_1_levels:  dd 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0   ; lane q: float(q)
 c_q4_0_levels:  dd -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0   ; lane q: float(q - Q4_BIAS)
+c_q5_0_levels:  dd -16.0, -15.0, -14.0, -13.0, -12.0, -11.0, -10.0, -9.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0   ; lane q: float(q - Q5_BIAS), q < 16 (q >= 16: c_q4_1_levels)
+c_nibble_mask:  dd NIBBLE_MASK              ; broadcast ({1to16})
+c_q5_high_bit:  dd Q5_HIGH_BIT              ; broadcast ({1to16})
 
 section .text
 
@@ -113,7 +126,8 @@ section .text
 %endif
 %endmacro
 
-; ISA_SETUP fmt: zmm2 = the Q4 table's q values (float q - bias, lane q).
+; ISA_SETUP fmt: zmm2 = the Q4 table's q values (float q - bias, lane q); Q5_0: zmm2,
+; zmm3 = its 32 (float q - 16, q = 0..15 and 16..31).
 %macro ISA_SETUP 1
 %ifidn %1, Q4_0
     vmovups         zmm2, [c_q4_0_levels]
@@ -121,6 +135,9 @@ section .text
     vmovups         zmm2, [c_q4_1_levels]
 %elifidn %1, Q4_KR
     vmovups         zmm2, [c_q4_1_levels]
+%elifidn %1, Q5_0
+    vmovups         zmm2, [c_q5_0_levels]           ; float(q - 16), q = 0..15
+    vmovups         zmm3, [c_q4_1_levels]           ; float(q - 16), q = 16..31
 %endif
 %endmacro
 
@@ -176,6 +193,29 @@ section .text
     vmulps          zmm0, zmm0, zmm2                ; T[q] = d * (q - 8), exact
     vpermps         zmm%2, zmm%2, zmm0              ; w[b] = T[q[b]] (bits 4-7 ignored)
     vpermps         zmm%3, zmm%3, zmm0
+%endmacro
+
+; Q5_0: the 32 weights a block can hold, T[q] = d * (q - 16) (exact), as two zmm (zmm0:
+; q < 16, zmm1: q >= 16) from zmm2 / zmm3 (ISA_SETUP); element e's 5-bit index is its
+; nibble, with bit 4 set where bit e of qh is (k1: elements 0-15, k2: 16-31), and
+; vpermi2ps reads bits 0-4 of it (bit 4 picks zmm1).
+%if Q5_0_QS + QK / 2 != Q5_0_BYTES
+%error DEQ_Q5_0's 16-byte nibble load must end where the block does
+%endif
+%macro DEQ_Q5_0 3
+    vpmovzxbd       zmm%2, [%1 + Q5_0_QS]           ; byte b: nibbles of elements b, b + 16
+    kmovw           k1, [%1 + Q5_0_QH]              ; qh bits 0-15
+    kmovw           k2, [%1 + Q5_0_QH + 2]          ; qh bits 16-31
+    vpbroadcastw    xmm0, [%1 + Q5_0_D]
+    vpsrld          zmm%3, zmm%2, NIBBLE_BITS       ; nibble of element b + 16 (bits 4+ zero)
+    vpandd          zmm%2, zmm%2, [c_nibble_mask]{1to16}    ; nibble of element b
+    SCALE_D
+    vpord           zmm%2{k1}, zmm%2, [c_q5_high_bit]{1to16}    ; q = nibble | bit << 4
+    vpord           zmm%3{k2}, zmm%3, [c_q5_high_bit]{1to16}
+    vmulps          zmm1, zmm0, zmm3                ; T[16..31] = d * (0..15)
+    vmulps          zmm0, zmm0, zmm2                ; T[0..15] = d * (-16..-1)
+    vpermi2ps       zmm%2, zmm0, zmm1               ; w[e] = T[q[e]]
+    vpermi2ps       zmm%3, zmm0, zmm1
 %endmacro
 
 %if Q4_1_M != Q4_1_D + 2
@@ -263,6 +303,7 @@ section .text
 QMM_KERNEL Q4_0, fs_qmm_q4_0_avx512
 QMM_KERNEL Q4_1, fs_qmm_q4_1_avx512
 QMM_KERNEL Q8_0, fs_qmm_q8_0_avx512
+QMM_KERNEL Q5_0, fs_qmm_q5_0_avx512
 QMM_KERNEL Q4_KR, fs_qmm_q4_kr_avx512
 QMM_KERNEL Q6_KR, fs_qmm_q6_kr_avx512
 

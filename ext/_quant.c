@@ -79,6 +79,7 @@ static void register_backends(void) {
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx2;
         b.fn[F_Q4_KR] = fs_qmm_q4_kr_avx2;
         b.fn[F_Q6_KR] = fs_qmm_q6_kr_avx2;
+        b.fn[F_Q5_0] = fs_qmm_q5_0_avx2;
         g_backends[g_n_backends++] = b;
     }
     if (fs_cpu_has_avx512(&g_cpu) && g_cpu.fma && g_cpu.f16c) {
@@ -90,6 +91,7 @@ static void register_backends(void) {
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx512;
         b.fn[F_Q4_KR] = fs_qmm_q4_kr_avx512;
         b.fn[F_Q6_KR] = fs_qmm_q6_kr_avx512;
+        b.fn[F_Q5_0] = fs_qmm_q5_0_avx512;
         g_backends[g_n_backends++] = b;
     }
 #endif
@@ -832,7 +834,8 @@ done:
     return result;
 }
 
-/* The repacked layout of each K format (quant.h), and its repacker. */
+/* The repacked layout of each K format (quant.h), and its repacker; Q5_0's into Q8_0 is
+ * kept for callers of repack(), though loads run Q5_0's own blocks. */
 static int repacked_index(int fi, void (**repack)(const uint8_t *, size_t, uint8_t *)) {
     if (fi == F_Q4_K) {
         *repack = fs_repack_q4_k;
@@ -1060,8 +1063,9 @@ static PyMethodDef methods[] = {
     {"repack", (PyCFunction)(void (*)(void))py_repack, METH_VARARGS | METH_KEYWORDS,
      "repack(w, qtype, n, k)\n--\n\n"
      "W (n, k) in Q5_0 (6), Q4_K (12) or Q6_K (14) blocks as a new uint8 (n, row bytes) "
-     "array in a layout the SIMD kernels run: Q8_0 (8), or flashspec's Q4_KR (268) / Q6_KR "
-     "(270), 32-element blocks with float32 scales; every weight's value bit-identical."},
+     "array in another layout the SIMD kernels run: Q8_0 (8), or flashspec's Q4_KR (268) / "
+     "Q6_KR (270), 32-element blocks with float32 scales; every weight's value bit-identical. "
+     "Loads repack Q4_K and Q6_K only: Q5_0 has SIMD kernels over its own blocks."},
     {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows,
      METH_VARARGS | METH_KEYWORDS,
      "dequantize_rows(w, qtype, k, rows, out=None)\n--\n\n"

@@ -26,10 +26,12 @@
  *                                               w = D_h * q        (one rounding)
  * D and M are exact in float32 (11 x 6 and 11 x 8 significant bits), so each
  * repacked weight rounds once, where and as gguf-py's does: the same value.
- * Q5_0 repacks into Q8_0 itself (the same d, int8 q - 16): d * (q - 16) is exact
- * either way.
+ * Q5_0 has SIMD kernels of its own, over the file's 22-byte blocks (no repack: a load
+ * keeps them memory-mapped). fs_repack_q5_0 still turns it into Q8_0 (the same d, int8
+ * q - 16; d * (q - 16) is exact either way), for callers that want that layout.
  * Nibbles: byte b of a 32-block holds element b in its low nibble and element
- * b + 16 in its high nibble (Q4_0/Q4_1; the K formats as gguf-py lays them out).
+ * b + 16 in its high nibble (Q4_0/Q4_1/Q5_0, whose bit e of qh is bit 4 of element
+ * e; the K formats as gguf-py lays them out).
  * The products named above are exact in float32 (fp16 has 11 significant bits)
  * except where a rounding is written; a backend must round exactly where
  * gguf-py does, so the weight values are bit-identical. Only the order of the
@@ -158,7 +160,10 @@ void fs_qmm_q4_kr_avx2(const fs_qjob *job);
 void fs_qmm_q6_kr_avx2(const fs_qjob *job);
 void fs_qmm_q4_kr_avx512(const fs_qjob *job);
 void fs_qmm_q6_kr_avx512(const fs_qjob *job);
-/* Q4_K / Q6_K as the file stores them run the C kernel; a load repacks them (above). */
+void fs_qmm_q5_0_avx2(const fs_qjob *job);
+void fs_qmm_q5_0_avx512(const fs_qjob *job);
+/* Q4_K / Q6_K as the file stores them run the C kernel; a load repacks them (above).
+ * Q5_0 runs as the file stores it (22-byte blocks, memory-mapped). */
 #endif
 
 #endif

@@ -19,8 +19,10 @@ def dequantize(w: _Buf, qtype: int, n: int, k: int, out: _Buf | None = None) -> 
     """W as float32 (n, k): gguf-py's values."""
 
 def repack(w: _Buf, qtype: int, n: int, k: int) -> Any:
-    """W (n, k) in Q5_0, Q4_K or Q6_K blocks as a new uint8 (n, row bytes) array in the layout
-    the SIMD kernels run (Q8_0, Q4_KR, Q6_KR): every weight's value bit-identical."""
+    """W (n, k) in Q5_0, Q4_K or Q6_K blocks as a new uint8 (n, row bytes) array in another
+    layout the SIMD kernels run (Q8_0, Q4_KR, Q6_KR): every weight's value bit-identical.
+
+    Loads repack Q4_K and Q6_K only: Q5_0 has SIMD kernels over its own blocks."""
 
 def dequantize_rows(w: _Buf, qtype: int, k: int, rows: _Buf, out: _Buf | None = None) -> Any:
     """Rows ``rows`` (int64) of W as float32 (len(rows), k): an embedding lookup."""

@@ -87,9 +87,12 @@ class Checker:
 
 
 # Type id -> (block bytes, bytes before the quants): the 32-weight formats the asm takes.
-# Q8_0, Q4_0, Q4_1, and the layouts a load repacks Q4_K and Q6_K into (float32 scales).
-QUANT_BLOCKS = {8: (34, 2), 2: (18, 2), 3: (20, 4), 268: (24, 8), 270: (40, 8)}
+# Q8_0, Q4_0, Q4_1, Q5_0 (as the file stores it: fp16 d, le32 high bits, nibbles), and the
+# layouts a load repacks Q4_K and Q6_K into (float32 scales).
+QUANT_BLOCKS = {8: (34, 2), 2: (18, 2), 3: (20, 4), 6: (22, 6), 268: (24, 8), 270: (40, 8)}
 REPACKED_TYPES = (268, 270)
+# fp16 fields at the start of a block (d, and Q4_1's m); Q5_0's other 4 bytes are its qh.
+HALF_FIELDS = {8: 1, 2: 1, 3: 2, 6: 1}
 
 
 def quant_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> npt.NDArray[np.uint8]:
@@ -101,8 +104,9 @@ def quant_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> npt.ND
         scales = half.astype(np.float32) * rng.integers(-63, 64, size=half.shape)
         raw[..., :head] = scales.astype("<f4").view(np.uint8).reshape(n, k // 32, head)
         return raw.reshape(n, -1)
-    scales = (rng.standard_normal((n, k // 32, head // 2)) * 0.02).astype(np.float16)
-    raw[..., :head] = scales.view(np.uint8).reshape(n, k // 32, head)
+    halves = HALF_FIELDS[qtype]
+    scales = (rng.standard_normal((n, k // 32, halves)) * 0.02).astype(np.float16)
+    raw[..., : 2 * halves] = scales.view(np.uint8).reshape(n, k // 32, 2 * halves)
     return raw.reshape(n, -1)
 
 
@@ -122,6 +126,12 @@ def quant_reference(blocks: npt.NDArray[np.uint8], qtype: int, k: int) -> F64:
     d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
     if qtype == 8:
         w = d * b[..., 2:].view(np.int8).astype(np.float32)
+    elif qtype == 6:  # q = nibble | bit e of qh << 4; w = d * (q - 16), exact
+        qh = b[..., 2:6].copy().view("<u4")
+        qs = b[..., head:]
+        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int64)
+        high = (qh.astype(np.int64) >> np.arange(32)) & 1
+        w = d * ((nibbles | high << 4) - 16).astype(np.float32)
     else:
         qs = b[..., head:]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)
@@ -371,10 +381,10 @@ def check_step(
 def check_decoder(ck: Checker, Q: ModuleType, name: str, rng: np.random.Generator) -> None:
     """``decoder_step`` of backend ``name`` against ``decoder_reference``: a step of 1 and of 7
     positions after 5 cached ones, then a batch of 3 rows with dead columns (``batch_mask``)
-    stepping 1 and 4 positions and one verifying token trees (``tree_mask``), Q8_0 and Q4_1
-    layers."""
+    stepping 1 and 4 positions and one verifying token trees (``tree_mask``), Q8_0, Q4_1 and
+    Q5_0 layers."""
     dim, heads, kv_heads, hd, ffn, _ = DECODER_SHAPE
-    for qtype in (8, 3):
+    for qtype in (8, 3, 6):
         layers, dense = decoder_case(rng, qtype)
         plan = Q.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, DECODER_EPS, hd**-0.5)
         what = f"_quant[{name}] decoder_step qtype {qtype}"

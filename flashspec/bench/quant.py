@@ -32,10 +32,15 @@ SHAPES: tuple[tuple[str, int, int], ...] = (
 QUICK_SHAPES = SHAPES[1:2] + SHAPES[3:]
 ROWS = (1, 2, 3, 5, 8, 16)
 QUICK_ROWS = (1, 5, 16)
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q4_KR", "Q6_KR")
-REPACKED_FROM = {"Q4_KR": "Q4_K", "Q6_KR": "Q6_K"}
-"""flashspec's repacked layouts (``flashspec.quant.ops.REPACKED``) and the GGML format each is
-made from: measured on blocks repacked from that format's."""
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_0>Q8_0", "Q4_K", "Q6_K", "Q4_KR", "Q6_KR")
+"""Q5_0 runs its own SIMD kernels over the file's 22-byte blocks (what a load keeps);
+``Q5_0>Q8_0`` is the same weights repacked into Q8_0 (34 bytes a block, what loads ran before),
+measured beside it."""
+REPACKED_FROM = {"Q4_KR": "Q4_K", "Q6_KR": "Q6_K", "Q5_0>Q8_0": "Q5_0"}
+"""flashspec's repacked layouts (``flashspec.quant.ops.REPACK_LAYOUTS``) and the GGML format
+each is made from: measured on blocks repacked from that format's."""
+LAYOUT = {"Q5_0>Q8_0": "Q8_0"}
+"""Rows named apart from the layout they run (the kernel and block size of the layout's)."""
 BANDWIDTH_BYTES = 512 << 20
 
 
@@ -110,6 +115,7 @@ def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
     shapes = QUICK_SHAPES if quick else SHAPES
     counts = QUICK_ROWS if quick else ROWS
     ids = {name: number for number, (name, _, _) in Q.formats().items()}
+    ids.update({name: ids[layout] for name, layout in LAYOUT.items() if layout in ids})
     formats = [f for f in FORMATS if f in ids]
     repeats = 9 if quick else 25
     rows: list[dict[str, Any]] = []
@@ -202,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"read bandwidth {bandwidth:.1f} GB/s")
     for row in rows:
         print(
-            f"{row['shape']:18s} {row['format']:5s} {row['backend']:7s} m={row['rows']:2d} "
+            f"{row['shape']:18s} {row['format']:9s} {row['backend']:7s} m={row['rows']:2d} "
             f"{row['ms']:8.3f} ms {row['weight_gb_per_s']:6.1f} GB/s "
             f"(torch fp32 {row['torch_fp32_ms']:.3f} ms, bf16 {row['torch_bf16_ms']:.3f} ms)"
         )

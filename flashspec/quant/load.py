@@ -4,12 +4,13 @@ transformers' own GGUF load (``from_pretrained(..., gguf_file=...)``) dequantize
 ``build_quantized_model`` builds the same model class from the same config, then fills it from
 the file itself: each linear layer (and the token embedding, and a tied head) whose blocks are
 in a format the kernels take becomes a ``QuantLinear``/``QuantEmbedding`` over those blocks,
-memory-mapped (Q5_0, Q4_K and Q6_K repacked in memory into layouts the SIMD kernels run, with
-the same values); every other tensor (norms, biases, formats the kernels lack) is dequantized
-the way transformers does it. transformers' tensor names and its per-architecture processing
-are used as they are: a processor that only reorders a weight's rows (Llama's q/k permutation)
-has the rows of blocks reordered the same way; any other processing of a quantized layer is
-applied to its dequantized values and the layer stays dense.
+memory-mapped (Q4_0, Q4_1, Q5_0 and Q8_0 as the file holds them; Q4_K and Q6_K repacked in
+memory into layouts the SIMD kernels run, with the same values); every other tensor (norms,
+biases, formats the kernels lack) is dequantized the way transformers does it. transformers'
+tensor names and its per-architecture processing are used as they are: a processor that only
+reorders a weight's rows (Llama's q/k permutation) has the rows of blocks reordered the same
+way; any other processing of a quantized layer is applied to its dequantized values and the
+layer stays dense.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def build_quantized_model(
 
     ``config`` is the file's transformers config (``AutoConfig.from_pretrained(folder,
     gguf_file=name)``). ``keep`` names the GGML types that stay blocks (default: every format
-    the kernels take); layers in other formats are dequantized. Q5_0, Q4_K and Q6_K layers are
+    the kernels take); layers in other formats are dequantized. Q4_K and Q6_K layers are
     repacked into layouts the SIMD kernels run (``REPACKED``; the same weight values, in
-    memory rather than mapped from the file) when ``keep`` holds the repacked layout.
+    memory rather than mapped from the file) when ``keep`` holds the repacked layout; Q5_0
+    layers, like Q4_0/Q4_1/Q8_0, stay the file's blocks, memory-mapped.
     Returns the model (eval mode,
     float32 activations, CPU) and a record of which layers stayed quantized.
 

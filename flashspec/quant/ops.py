@@ -69,25 +69,35 @@ def formats() -> dict[int, tuple[str, int, int]]:
     return dict(kernels().formats())
 
 
-REPACKED = {6: 8, 12: 268, 14: 270}
-"""GGML types a load repacks, and the layout each goes into (``ext/quant.h``): Q5_0 -> Q8_0,
-Q4_K -> Q4_KR, Q6_K -> Q6_KR. The SIMD kernels run those, every weight's value unchanged."""
+REPACKED = {12: 268, 14: 270}
+"""GGML types a load repacks, and the layout each goes into (``ext/quant.h``): Q4_K -> Q4_KR,
+Q6_K -> Q6_KR. The SIMD kernels run those, every weight's value unchanged. Q5_0 is not among
+them: it has SIMD kernels of its own over the file's 22-byte blocks, so a load keeps its
+layers memory-mapped as the file holds them."""
+
+REPACK_LAYOUTS = {6: 8, **REPACKED}
+"""What ``repack`` turns each type it takes into: ``REPACKED``, and Q5_0 -> Q8_0 (the same
+``d``, int8 ``q - 16``), which loads no longer use."""
+
+NATIVE_SIMD = frozenset({2, 3, 6, 8})
+"""GGML types the AVX2/AVX-512 kernels run as the file stores them: Q4_0, Q4_1, Q5_0, Q8_0."""
 
 
 def fast_formats() -> frozenset[int]:
     """GGML types whose kernel in the active backend beats dense float32 layers here: the
-    SIMD ones (Q4_0, Q4_1, Q8_0 on AVX2/AVX-512, and Q5_0/Q4_K/Q6_K through their repacked
-    layouts: what a Q4_K_M file holds). The portable C kernels were measured slower than
-    torch's float32 product (``flashspec bench quant``), so without SIMD a model loads every
-    layer dense."""
+    SIMD ones (Q4_0, Q4_1, Q5_0, Q8_0 on AVX2/AVX-512 as the file stores them, and Q4_K/Q6_K
+    through their repacked layouts: what a Q4_K_M file holds). The portable C kernels were
+    measured slower than torch's float32 product (``flashspec bench quant``), so without SIMD
+    a model loads every layer dense."""
     if kernels().backend() == "scalar":
         return frozenset()
-    return frozenset({2, 3, 8, *REPACKED, *REPACKED.values()})
+    return frozenset({*NATIVE_SIMD, *REPACKED, *REPACKED.values()})
 
 
 def repack(rows: npt.NDArray[np.uint8], qtype: int, n: int, k: int) -> npt.NDArray[np.uint8]:
-    """The (n, k) weights of ``rows`` (Q5_0, Q4_K or Q6_K blocks) in their repacked layout,
-    a new array (``REPACKED[qtype]``); gguf-py's dequantized values are kept bit for bit."""
+    """The (n, k) weights of ``rows`` (Q5_0, Q4_K or Q6_K blocks) in the layout
+    ``REPACK_LAYOUTS[qtype]``, a new array; gguf-py's dequantized values are kept bit for bit.
+    Loads repack only ``REPACKED``'s types (Q5_0 runs natively)."""
     out: npt.NDArray[np.uint8] = kernels().repack(rows, qtype, n, k)
     return out
 

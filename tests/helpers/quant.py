@@ -27,8 +27,9 @@ HF_PROJECTIONS = [
 ]  # fmt: skip
 LAYERS = 2
 FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
-# The layout a load keeps each format in, where it is not the file's (ext/quant.h).
-LOADED_AS = {"Q4_K": "Q4_KR", "Q6_K": "Q6_KR", "Q5_0": "Q8_0"}
+# The layout a load keeps each format in, where it is not the file's (ext/quant.h): the K
+# formats are repacked; Q5_0 (like Q4_0, Q4_1, Q8_0) runs on the file's own blocks.
+LOADED_AS = {"Q4_K": "Q4_KR", "Q6_K": "Q6_KR"}
 # Repetitive prompts, so prompt-lookup drafts get proposed, accepted and rejected.
 LOOKUP_PROMPTS = [
     "the dog the dog the dog the dog",

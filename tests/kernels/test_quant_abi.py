@@ -2,7 +2,7 @@
 
 checkquant checks asm/quant_avx2.asm and asm/quant_avx512.asm against the C
 kernels of ext/quant.c (and a float64 sum over gguf-py's dequantized weights)
-for Q4_0/Q4_1/Q8_0 and the repacked Q4_KR/Q6_KR, m = 1..16, odd n and kb, with
+for Q4_0/Q4_1/Q8_0/Q5_0 and the repacked Q4_KR/Q6_KR, m = 1..16, odd n and kb, with
 guard pages and the ABI trampoline (tests/kernels/abi/trampoline.asm). x86-64 Linux only;
 there a missing nasm or gcc is a failure (tests/helpers/abi.py), as for the
 residual kernels.
@@ -131,6 +131,34 @@ MUTANTS = {
         "float64 reference",
         {"avx512f", "avx2"},
     ),
+    "Q5_0 high bits of the wrong elements (avx2)": (
+        "quant_avx2.asm",
+        _sub("Q5_HIGH_BITS    %1, %4, %2 + 2", "Q5_HIGH_BITS    %1, %4, %2"),
+        "avx2",
+        "float64 reference",
+        {"avx2", "fma", "f16c"},
+    ),
+    "Q5_0 halves' high bits swapped (avx512)": (
+        "quant_avx512.asm",
+        _sub("kmovw           k1, [%1 + Q5_0_QH]", "kmovw           k1, [%1 + Q5_0_QH + 2]"),
+        "avx512",
+        "float64 reference",
+        {"avx512f", "avx2"},
+    ),
+    "Q5_0 bias dropped (avx512)": (
+        "quant_avx512.asm",
+        _sub("vmovups         zmm2, [c_q5_0_levels]", "vmovups         zmm2, [c_q4_1_levels]"),
+        "avx512",
+        "float64 reference",
+        {"avx512f", "avx2"},
+    ),
+    "Q5_0 reads past the block (avx2)": (
+        "quant_avx2.asm",
+        _sub("[%1 + Q5_0_QS + %2 * 8]", "[%1 + Q5_0_QS + %2 * 8 + 1]"),
+        "avx2",
+        "memory fault",
+        {"avx2", "fma", "f16c"},
+    ),
     "clobbers r12": (
         "quant.inc",
         _sub(
@@ -237,5 +265,8 @@ def test_isa_subsets(kernel_objects: list[Path]) -> None:
             # (vpbroadcastw zmm would need BW).
             assert "zmm" in operands, f"AVX-512VL form (no zmm operand): {insn}"
             assert mnemonic not in ("vpbroadcastw", "vpbroadcastb", "vpmovzxbw"), insn
+        elif mnemonic.startswith("k"):
+            # Opmask loads (Q5_0's high bits): kmovw is AVX-512F; kmovb/kmovd/kmovq are not.
+            assert mnemonic == "kmovw", f"opmask instruction beyond AVX-512F: {insn}"
         elif mnemonic.startswith("v"):
             assert mnemonic in AVX512_FILE_VEX, f"unexpected VEX instruction: {insn}"

@@ -142,6 +142,9 @@ def test_steps_match_dequantized_load_on_every_backend(
     loaded = files(variant)
     model, _ = loaded.quantized()
     assert decoder.fused_of(inner(model)) is not None
+    if variant is Q4_K_M:  # the plan takes the file's Q5_0 blocks as they are (no repack)
+        first = inner(model).layers[0]
+        assert [first.self_attn.q_proj.qtype, first.mlp.gate_proj.qtype] == [6, 6]
     target = TargetModel(variant.name, model=model, tokenizer=loaded.tokenizer)
     vocab = loaded.reference.config.vocab_size
     generator = torch.Generator().manual_seed(1)
@@ -483,7 +486,7 @@ def test_step_matches_a_float64_reference_on_every_backend(
     dim, heads, kv_heads, hd, ffn, count = shape
     rng = np.random.default_rng(7)
     k = quant_ops.kernels()
-    for qtype in (8, 3):
+    for qtype in (8, 3, 6):  # Q8_0, Q4_1 and Q5_0 (its own blocks) layers
         layers, dense = ck.decoder_case(rng, qtype, shape)
         plan = k.decoder_plan(layers, dim, heads, kv_heads, hd, ffn, ck.DECODER_EPS, hd**-0.5)
         for backend in every_backend:

@@ -56,7 +56,7 @@ from tests.helpers.quant import (
 from tests.helpers.trees import OracleTrees
 
 # Every file the load is checked on: one format throughout, SmolLM2's mix, an untied head, and
-# a Q4_K_M file's mix (repacked layers beside blocks kept as the file has them).
+# a Q4_K_M file's mix (repacked K layers beside Q5_0 and Q8_0 blocks kept as the file has them).
 LOADS = [*VARIANTS.values(), MIXED, UNTIED, Q4_K_M]
 
 if not quant_ops.available():
@@ -170,6 +170,34 @@ def test_record_and_weights(variant: Variant, files: Any) -> None:
             qtype = int(tensors["blk.0.attn_v.weight"].tensor_type)
             raw = quant_ops.repack(raw, qtype, v_proj.out_features, v_proj.in_features)
         assert np.array_equal(v_proj.blocks.numpy(), raw)
+    # Q5_0 runs on the file's own 22-byte blocks: never repacked, and (rows the load does not
+    # reorder: all but q and k) read straight from the file's memory map, not a copy.
+    assert "Q5_0" not in record.repacked.values()
+    assert "Q5_0" not in record.summary().partition("repacked from")[2]
+    by_kind = dict(zip(PROJECTIONS, HF_PROJECTIONS, strict=True))
+    for kind, fmt in variant.types.items():
+        if fmt != "Q5_0":
+            continue
+        names = ([f"model.layers.{i}.{by_kind[kind]}" for i in range(LAYERS)]
+                 if kind in by_kind else ["model.embed_tokens"])  # fmt: skip
+        for name in names:
+            layer = modules[name]
+            assert layer.qtype == 6 and layer.blocks.shape[1] % 22 == 0, name
+            if kind not in ("attn_q", "attn_k") and MAPS.is_file():
+                assert mapped_file(layer.blocks.data_ptr()) == str(loaded.path.resolve()), name
+
+
+MAPS = Path("/proc/self/maps")
+
+
+def mapped_file(address: int) -> str | None:
+    """The file whose mapping holds ``address`` in this process ("" for anonymous memory)."""
+    for line in MAPS.read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        low, high = (int(v, 16) for v in fields[0].split("-"))
+        if low <= address < high:
+            return fields[5].strip() if len(fields) == 6 else ""
+    return None
 
 
 # ----------------------------------------------------------------------------------- greedy
@@ -414,8 +442,8 @@ def test_compiled_layer_calls_the_op() -> None:
 def test_default_load_keeps_only_formats_with_a_fast_kernel(
     files: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``load_pretrained`` (dtype "auto") keeps Q4_0/Q4_1/Q8_0 layers as blocks where a SIMD
-    kernel runs them, and Q4_K/Q6_K in their repacked layouts; on a CPU without SIMD kernels
+    """``load_pretrained`` (dtype "auto") keeps Q4_0/Q4_1/Q5_0/Q8_0 layers as blocks where a
+    SIMD kernel runs them, and Q4_K/Q6_K in their repacked layouts; on a CPU without SIMD kernels
     it dequantizes everything (the C kernels are slower than a dense product); the logits
     stay the model's."""
     from flashspec.loading import load_pretrained
@@ -425,7 +453,7 @@ def test_default_load_keeps_only_formats_with_a_fast_kernel(
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     if kernels().backend() != "scalar":
         for variant, fmt in ((MIXED, "Q8_0"), (VARIANTS["Q4_K"], "Q4_KR"),
-                             (VARIANTS["Q6_K"], "Q6_KR")):  # fmt: skip
+                             (VARIANTS["Q6_K"], "Q6_KR"), (VARIANTS["Q5_0"], "Q5_0")):  # fmt: skip
             loaded = files(variant)
             model, _ = load_pretrained(str(loaded.path))
             head = model.get_output_embeddings()

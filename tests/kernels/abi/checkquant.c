@@ -16,9 +16,10 @@
  *   always, avx2, avx512); prints "checkquant: N passed, M failed", exits 1 on a
  *   failure. --bench prints single-threaded ns per call and GB/s of weights.
  *
- * For each format (Q4_0, Q4_1, Q8_0, and the repacked Q4_KR and Q6_KR), kb in {1, 2, 3, 18}, n in {1..9, 16, 17,
- * 33, 64} and m = 1..16 (one case each), on random blocks (random fp16 d and m
- * of both signs, random quants) and random x:
+ * For each format (Q4_0, Q4_1, Q8_0, Q5_0 as the file stores it, and the repacked Q4_KR
+ * and Q6_KR), kb in {1, 2, 3, 18}, n in {1..9, 16, 17, 33, 64} and m = 1..16 (one case
+ * each), on random blocks (random fp16 d and m of both signs, random quants and Q5_0
+ * high bits) and random x:
  *   - y within (4 kb + 16) 2^-24 sum|x w| of a float64 sum over the weights
  *     dequantized here (from the fp16 bits, Q4_1 with fmaf: gguf-py's values;
  *     Q4_KR / Q6_KR from their float32 scales as ext/quant.h defines them),
@@ -87,7 +88,7 @@ typedef struct {
     void (*c_dequant)(const uint8_t *, size_t, float *);
 } fmt_info;
 
-enum { F_Q4_0, F_Q4_1, F_Q8_0, F_Q4_KR, F_Q6_KR, N_FMT };
+enum { F_Q4_0, F_Q4_1, F_Q8_0, F_Q4_KR, F_Q6_KR, F_Q5_0, N_FMT };
 
 static const fmt_info fmts[N_FMT] = {
     {"Q4_0", 18, fs_qmm_q4_0_c, fs_dequant_q4_0},
@@ -95,6 +96,7 @@ static const fmt_info fmts[N_FMT] = {
     {"Q8_0", 34, fs_qmm_q8_0_c, fs_dequant_q8_0},
     {"Q4_KR", 24, fs_qmm_q4_kr_c, fs_dequant_q4_kr},
     {"Q6_KR", 40, fs_qmm_q6_kr_c, fs_dequant_q6_kr},
+    {"Q5_0", 22, fs_qmm_q5_0_c, fs_dequant_q5_0},
 };
 
 typedef struct {
@@ -171,6 +173,17 @@ static void ref_dequant_block(int f, const uint8_t *b, float *out) {
     case F_Q6_KR:
         for (int e = 0; e < 32; e++) out[e] = rdf(b + 4 * (e / 16)) * (float)(int8_t)b[8 + e];
         break;
+    case F_Q5_0: {
+        /* fp16 d, le32 qh (bit e: bit 4 of element e), nibbles as Q4_0's: w = d * (q - 16). */
+        uint32_t qh = (uint32_t)rd16(b + 2) | (uint32_t)rd16(b + 4) << 16;
+        for (int e = 0; e < 16; e++) {
+            int lo = (b[6 + e] & 0xF) | (int)((qh >> e) & 1) << 4;
+            int hi = (b[6 + e] >> 4) | (int)((qh >> (e + 16)) & 1) << 4;
+            out[e] = d * (float)(lo - 16);
+            out[e + 16] = d * (float)(hi - 16);
+        }
+        break;
+    }
     }
 }
 
@@ -385,8 +398,8 @@ static void test_shape(const backend *be, int f, size_t n, size_t kb) {
             /* The C kernel on the same job, same buffers. */
             placed pc = place(f, m, n, kb, ldx, ldy, at_start);
             fs_qjob jc = make_job(&pc, f, m, n, kb, 0);
-            backend cb = {"c-ref", 0, {fmts[0].c_fn, fmts[1].c_fn, fmts[2].c_fn, fmts[3].c_fn,
-                                       fmts[4].c_fn}};
+            backend cb = {"c-ref", 0, {NULL}};
+            for (int g = 0; g < N_FMT; g++) cb.fn[g] = fmts[g].c_fn;
             if (run_job(&cb, f, &jc) == 0) collect(&pc, m, n, 0, y_c);
             for (size_t i = 0; i < m && case_errors < 4; i++)
                 for (size_t j = 0; j < n; j++) {
@@ -476,7 +489,8 @@ static int cmp_double(const void *a, const void *b) {
 
 static void bench(const backend *bes, size_t nb) {
     static const size_t ms[] = {1, 2, 5, 8, 16};
-    struct { int f; size_t n, kb; } mats[] = {{F_Q4_1, 1536, 18}, {F_Q8_0, 49152, 18}};
+    struct { int f; size_t n, kb; } mats[] = {{F_Q4_1, 1536, 18}, {F_Q5_0, 1536, 18},
+                                              {F_Q8_0, 49152, 18}};
     printf("checkquant bench: single thread, median ns per call (x %.2f of m=1), GB/s of weights\n", 1.0);
     for (size_t mi = 0; mi < sizeof mats / sizeof mats[0]; mi++) {
         int f = mats[mi].f;
@@ -555,11 +569,12 @@ int main(int argc, char **argv) {
     checkasm_check_xinuse = (uint32_t)(have_avx2 && xgetbv_xinuse_supported());
 
     backend all[] = {
-        {"c", 0, {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_kr_c, fs_qmm_q6_kr_c}},
+        {"c", 0, {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_kr_c, fs_qmm_q6_kr_c,
+                  fs_qmm_q5_0_c}},
         {"avx2", 1, {fs_qmm_q4_0_avx2, fs_qmm_q4_1_avx2, fs_qmm_q8_0_avx2, fs_qmm_q4_kr_avx2,
-                     fs_qmm_q6_kr_avx2}},
+                     fs_qmm_q6_kr_avx2, fs_qmm_q5_0_avx2}},
         {"avx512", 1, {fs_qmm_q4_0_avx512, fs_qmm_q4_1_avx512, fs_qmm_q8_0_avx512,
-                       fs_qmm_q4_kr_avx512, fs_qmm_q6_kr_avx512}},
+                       fs_qmm_q4_kr_avx512, fs_qmm_q6_kr_avx512, fs_qmm_q5_0_avx512}},
     };
     int supported[] = {1, have_avx2, have_avx512};
     backend bes[3];
