@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..drafters.shared_head import CONFIG_FILE, draft_input, load_shared_head_draft
 from ..quant.decoder import packs_dead_columns
 from ..quant.draft_blocks import run_on_blocks
+from .heap import release
 
 if TYPE_CHECKING:
     from ..drafters import Drafter
@@ -71,6 +72,7 @@ def shared_head_drafter(
     if packs_dead_columns(target.model) and run_on_blocks(draft):
         LOG.info("flashspec: draft %s runs on Q8_0 blocks in the C step, as its target does "
                  "(FLASHSPEC_DRAFT_BLOCKS=0: its float layers)", label)  # fmt: skip
+    release()  # the float layers the blocks replaced, and load temporaries
     if draft_input(draft) == "features":
         return FeatureDrafter(draft, name=label)
     return ModelDrafter(draft, name=label, tokenizer=target.tokenizer)

@@ -10,6 +10,7 @@ import torch
 
 from ..config import AUTO_DTYPE, resolve_dtype
 from .gguf import is_gguf, load_gguf
+from .heap import release
 from .named import resolve_named
 
 DEMO_NAME = "demo"
@@ -68,6 +69,7 @@ def load_pretrained(
     if is_gguf(path):
         on_cpu = torch.device(device).type == "cpu"
         model, tokenizer = load_gguf(path, dtype if on_cpu else _dense_dtype(dtype))
+        release()  # the file's parsed metadata and load temporaries
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
         try:
