@@ -81,9 +81,15 @@ def shared_head_drafter(
 def model_fingerprint(model: Any, tokenizer: Any) -> dict[str, Any]:
     """What identifies a model to a draft trained on it: its width, depth and vocabulary
     size, and its tokens in id order (hashed). Quantizing the model again keeps all four; a
-    draft only needs these to agree to draft well, and drafting never changes the output."""
+    draft only needs these to agree to draft well, and drafting never changes the output.
+
+    Raises:
+        ValueError: ``tokenizer`` is None.
+    """
     config = model.config
-    vocab: dict[str, int] = tokenizer.get_vocab() if tokenizer is not None else {}
+    if tokenizer is None:
+        raise ValueError("a model without a tokenizer has no tokens to compare")
+    vocab: dict[str, int] = tokenizer.get_vocab()
     tokens = sorted(vocab.items(), key=lambda item: item[1])
     digest = hashlib.sha256(json.dumps(tokens, ensure_ascii=False).encode()).hexdigest()
     return {
@@ -107,9 +113,10 @@ def _fitting_draft(target: TargetModel) -> tuple[str, Path] | None:
         if not isinstance(fits, dict):
             continue
         if fingerprint is None:
-            if target.tokenizer is None:
+            try:
+                fingerprint = model_fingerprint(target.model, target.tokenizer)
+            except (AttributeError, TypeError, ValueError):  # no config or vocabulary to read
                 return None
-            fingerprint = model_fingerprint(target.model, target.tokenizer)
         if fits == fingerprint:
             return name, folder
     return None

@@ -89,3 +89,15 @@ def test_another_file_of_a_shipped_drafts_model_drafts_with_it(
     fits_other = dict(fits, tokens_sha256="0" * 64)
     (folder / drafts.CARD_FILE).write_text(json.dumps({drafts.FITS_KEY: fits_other}))
     assert both(str(tmp_path / "copy")) == [(PromptLookupDrafter.__name__, "prompt_lookup")]
+
+
+def test_a_target_without_tokens_to_compare_gets_no_shipped_draft(tmp_path: Path) -> None:
+    """A model given without a tokenizer has no fingerprint: no shipped draft, no error."""
+    from flashspec import TargetModel
+    from flashspec.loading.drafts import bundled_drafter
+
+    target = TargetModel("tiny", model=build_llama(0))
+    assert target.tokenizer is None
+    assert bundled_drafter("not-a-named-target", target) is None
+    with pytest.raises(ValueError, match="tokenizer"):
+        model_fingerprint(target.model, None)
