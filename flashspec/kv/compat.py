@@ -16,6 +16,7 @@ import torch
 
 from .mamba1 import OWNED_CACHE
 from .state import UnsupportedModelError
+from .store import grow_in_place
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def new_cache(model: torch.nn.Module) -> Any:
         cache.activate_past_recording()
     # Marks the cache as flashspec's: mixers it patched (``mamba1``) behave as shipped on others.
     setattr(cache, OWNED_CACHE, True)
+    grow_in_place(cache)  # each step writes its new columns only (kv.store)
     return cache
 
 

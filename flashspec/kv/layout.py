@@ -36,13 +36,15 @@ COMPACT_COLUMNS = 16
 
 
 def shiftable(cache: Any) -> bool:
-    """Whether every layer of ``cache`` is a plain ``DynamicLayer`` (see the module docstring)."""
-    from transformers.cache_utils import DynamicLayer
+    """Whether every layer of ``cache`` is a plain ``DynamicLayer`` or a ``StoreLayer`` (see
+    the module docstring)."""
+    from .store import plain_layer_types
 
     layers = getattr(cache, "layers", None)
     if layers is None:
         return False
-    return all(type(layer) is DynamicLayer for layer in layers)
+    plain = plain_layer_types()
+    return all(type(layer) in plain for layer in layers)
 
 
 _FULL_LAYER_TYPES = frozenset({"full_attention", "global"})

@@ -48,7 +48,7 @@ _CHUNKED_EXACT: dict[str, bool] = {
 }
 
 _ATTENTION_LAYERS = frozenset(
-    {"DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer", "DummyLayer"}
+    {"DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer", "DummyLayer", "StoreLayer"}
 )
 
 # Attention models whose forward over several tokens after a cached state is not their own

@@ -171,12 +171,13 @@ class FusedDecoder:
         """The cached length after making the store hold every layer's keys and values for
         ``batch`` rows (with room for ``m`` more columns), or None when the cache is not one
         this path keeps."""
-        from transformers.cache_utils import DynamicLayer
+        from ..kv.store import plain_layer_types
 
         layers: list[Any] = cache.layers
         if len(layers) != self.layers or getattr(cache, "offloading", False):
             return None
-        if any(type(layer) is not DynamicLayer for layer in layers):
+        plain = plain_layer_types()  # a store layer adopts the views it finds
+        if any(type(layer) not in plain for layer in layers):
             return None
         fresh = [getattr(layer, "keys", None) is None for layer in layers]
         if all(fresh):  # a new cache: every layer initialized empty, as its update would
