@@ -205,18 +205,24 @@ section .text
 %assign XD1 (%2 * 2 + 1) * YMM_X
 %endmacro
 
+; SCALED_HALVES a, b, g: ymm a, ymm b hold integer levels (elements 8g + l, 16 + 8g + l);
+; both become floats times d (ymm0), exact (11 x 5 bits at most); XD0/XD1 name their x.
+%macro SCALED_HALVES 3
+    vcvtdq2ps       ymm%2, ymm%2
+    vcvtdq2ps       ymm%1, ymm%1
+    vmulps          ymm%2, ymm%2, ymm0
+    vmulps          ymm%1, ymm%1, ymm0
+%assign XD0 %3 * YMM_X
+%assign XD1 (%3 + 2) * YMM_X
+%endmacro
+
 %macro HALF_Q4_0 4
     vpmovzxbd       ymm%3, [%1 + Q4_0_QS + %2 * 8]  ; byte b: q[b] | q[b + 16] << 4
     vpsrld          ymm%4, ymm%3, NIBBLE_BITS
     vpand           ymm%3, ymm%3, [c_nibble_mask]
     vpsubd          ymm%4, ymm%4, [c_q4_bias]
     vpsubd          ymm%3, ymm%3, [c_q4_bias]
-    vcvtdq2ps       ymm%4, ymm%4
-    vcvtdq2ps       ymm%3, ymm%3
-    vmulps          ymm%4, ymm%4, ymm0
-    vmulps          ymm%3, ymm%3, ymm0
-%assign XD0 %2 * YMM_X
-%assign XD1 (%2 + 2) * YMM_X
+    SCALED_HALVES   %3, %4, %2
 %endmacro
 
 ; Q5_0: Q4_0's nibbles, then each element's qh bit: q - 16 = nibble + (bit ? 0 : -16),
@@ -227,12 +233,7 @@ section .text
     vpand           ymm%3, ymm%3, [c_nibble_mask]
     Q5_HIGH_BITS    %1, %3, %2                      ; elements 8h + l
     Q5_HIGH_BITS    %1, %4, %2 + 2                  ; elements 16 + 8h + l
-    vcvtdq2ps       ymm%4, ymm%4
-    vcvtdq2ps       ymm%3, ymm%3
-    vmulps          ymm%4, ymm%4, ymm0
-    vmulps          ymm%3, ymm%3, ymm0
-%assign XD0 %2 * YMM_X
-%assign XD1 (%2 + 2) * YMM_X
+    SCALED_HALVES   %3, %4, %2
 %endmacro
 
 ; Q5_HIGH_BITS addr, r, g: ymm r holds the nibbles of elements 8g + l (lane l); add
