@@ -498,11 +498,15 @@ class CausalLM:
             # Nothing cached, or one-token prompts: nothing to read before the round.
             self.kv.add_empty(tokens.shape[0], tokens.device)
             return
+        # Columns that are padding in every joining row are not read: ``join`` pads the new
+        # rows' cache in front to the batch's width (a prompt joining a long-running batch
+        # would otherwise be read at the batch's width, mostly dead columns).
+        cut = min(padding.min_left, tokens.shape[1] - 1)
         saved = self.kv, self.cached
         self.kv, self.cached = RowCache(self._new_cache, self.max_context), 0
         self.kv.reset()
         try:
-            self.feed(tokens[:, :-1], padding, keep=1)
+            self.feed(tokens[:, cut:-1], padding.dropped(cut), keep=1)
             joined = self.kv
         finally:
             self.kv, self.cached = saved

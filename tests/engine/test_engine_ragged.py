@@ -138,6 +138,35 @@ def test_rows_join_a_running_generation() -> None:
         assert stream.result.tokens[row] == outputs[row]
 
 
+def test_a_short_prompt_joining_a_long_batch_reads_only_its_own_columns() -> None:
+    """A join reads its prompt at the prompt's length, not the running batch's width (its
+    cache is padded in front to that width), and the row is still its prompt's own output."""
+    engine = make_engine("plain", "model", gamma=4)
+    reads: list[int] = []
+    target = engine.target
+    feed = target.feed
+
+    def spy(tokens: Any, padding: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(int(tokens.shape[1]))
+        return feed(tokens, padding, *args, **kwargs)
+
+    long_prompt, short = PROMPTS[0] * 3, "x = 1"
+    stream = engine.stream([long_prompt], max_new_tokens=MAX_NEW)
+    outputs: dict[int, list[int]] = {}
+    row = None
+    for chunk in stream:
+        outputs.setdefault(chunk.row, []).extend(chunk.token_ids)
+        if row is None:
+            target.feed = spy  # type: ignore[method-assign]
+            ids = tokenizer()(short)["input_ids"]
+            row = stream.join(ids, MAX_NEW)
+    del target.feed
+    assert row is not None
+    assert reads and reads[0] == len(ids) - 1, (reads, len(ids))
+    check_equal("plain", short, outputs[row])
+    check_equal("plain", long_prompt, outputs[0])
+
+
 def test_joining_after_every_row_finished_and_cancelled_before_admission() -> None:
     engine = make_engine("plain", "model", gamma=3)
     stream = engine.stream(PROMPTS[0], max_new_tokens=2)
