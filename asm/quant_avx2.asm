@@ -15,7 +15,8 @@
 ; vpbroadcastd (AVX2), vfmadd (FMA3), vcvtph2ps (F16C). The dispatcher must check all three.
 ;
 ; ABI: System V AMD64. rbx, rbp, r12-r15 are saved and restored (the register plan
-; needs every GPR); a 40-byte frame holds the pass state. No alignment is assumed
+; needs every GPR); a 104-byte frame (quant.inc: the pass state, then scale slots
+; the AVX-512 kernels use) is reserved. No alignment is assumed
 ; for any pointer. Reads stay inside x rows [0, kb * 32) and the n * kb weight
 ; blocks (fp16 words d / m, Q5_0's qh dword, the repacked layouts' float32 scale
 ; dwords and 8-byte loads of quants, all inside the block's 18/20/34/22/24/40

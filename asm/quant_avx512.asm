@@ -14,14 +14,16 @@
 ; ISA: AVX-512F (EVEX, zmm0-31; no BW, DQ or VL: every EVEX instruction has a zmm
 ; operand; Q5_0 uses opmasks k1/k2, loaded by kmovw, which is AVX-512F) plus a few
 ; VEX instructions on xmm0/xmm1 for the fp16 scales and the
-; final fold: vpbroadcastw/vpbroadcastd xmm, m (AVX2), vcvtph2ps xmm, xmm (F16C:
-; a zmm vcvtph2ps is twice the work for one value), vmovshdup/vaddps/vaddss/
-; vmovhlps/vextractf128/vmovss (AVX). The dispatcher must check AVX512F, AVX2,
+; final fold: vpbroadcastw xmm, m (AVX2), vmovd/vmovq (AVX: a scale's load, its
+; float32 store to the frame), vcvtph2ps xmm, xmm (F16C: a zmm vcvtph2ps is twice
+; the work for one value), vmovshdup/vaddps/vaddss/vmovhlps/vextractf128/vmovss
+; (AVX). The dispatcher must check AVX512F, AVX2,
 ; F16C and the OS's ZMM state (XGETBV); ext/_quant.c checks AVX512F + AVX2 + ZMM
 ; state (fs_cpu_has_avx512) and FMA + F16C.
 ;
 ; ABI: System V AMD64. rbx, rbp, r12-r15 are saved and restored (the register plan
-; needs every GPR); a 40-byte frame holds the pass state. No alignment is assumed
+; needs every GPR); a 104-byte frame holds the pass state and, per tile row, its
+; block's scales as float32 (SCALES_TO_SLOT). No alignment is assumed
 ; for any pointer. Reads stay inside x rows [0, kb * 32) and the n * kb weight
 ; blocks (each block is read as its fp16 d word, Q4_1's d and m as one dword,
 ; Q5_0's qh as two words, the repacked layouts' float32 scale dwords, and 16-byte
@@ -161,24 +163,30 @@ section .text
     vaddss          xmm0, xmm0, xmm1
 %endmacro
 
-; SCALE_D: zmm0 = the fp16 in xmm0's word 0 (broadcast) as float32 in every lane:
-; converted as xmm (a zmm vcvtph2ps is twice the work), then broadcast.
-%macro SCALE_D 0
+; SCALES_TO_SLOT addr, lo, load: the fp16 scale word(s) at [addr] (one word: d; a
+; dword: d and m) as float32 in the stack slot of the tile row whose weights go to
+; zmm lo, which SLOT then names. The DEQ macros take d and m from the slot as
+; memory broadcasts ({1to16}, vbroadcastss m32): on Zen 4 those are load-port work,
+; where a register broadcast (vbroadcastss zmm, xmm) takes a vector pipe a block.
+; xmm0 is the temporary; load is vmovd for a dword (Q4_1's d and m), vpbroadcastw
+; for a word (d alone, then both floats of the slot are d).
+%macro SCALES_TO_SLOT 3
+%xdefine SLOT rsp + FRAME_SCALES + ((%2 - W_BASE) / 2) * SCALE_SLOT_BYTES
+    %3              xmm0, [%1]
     vcvtph2ps       xmm0, xmm0
-    vbroadcastss    zmm0, xmm0
+    vmovq           [SLOT], xmm0
 %endmacro
 
 ; DEQ_<fmt> addr, lo, hi: zmm lo = w[0..15], zmm hi = w[16..31] of the block at
 ; [addr]; zmm0 (and zmm1) hold d (and m) meanwhile.
 %macro DEQ_Q8_0 3
+    SCALES_TO_SLOT  %1 + Q8_0_D, %2, vpbroadcastw
     vpmovsxbd       zmm%2, [%1 + Q8_0_QS]
     vpmovsxbd       zmm%3, [%1 + Q8_0_QS + 16]
-    vpbroadcastw    xmm0, [%1 + Q8_0_D]
     vcvtdq2ps       zmm%2, zmm%2
     vcvtdq2ps       zmm%3, zmm%3
-    SCALE_D
-    vmulps          zmm%2, zmm%2, zmm0
-    vmulps          zmm%3, zmm%3, zmm0
+    vmulps          zmm%2, zmm%2, [SLOT]{1to16}
+    vmulps          zmm%3, zmm%3, [SLOT]{1to16}
 %endmacro
 
 ; Q4: the 16 weights a block can hold are formed once, T[q] = d * (q - 8) (Q4_0)
@@ -186,11 +194,10 @@ section .text
 ; and each element looks its weight up: vpermps uses the low 4 bits of an index
 ; dword, i.e. the low nibble of byte b as it stands and the high one after >> 4.
 %macro DEQ_Q4_0 3
+    SCALES_TO_SLOT  %1 + Q4_0_D, %2, vpbroadcastw
     vpmovzxbd       zmm%2, [%1 + Q4_0_QS]           ; byte b: q[b] | q[b + 16] << 4
-    vpbroadcastw    xmm0, [%1 + Q4_0_D]
     vpsrld          zmm%3, zmm%2, NIBBLE_BITS       ; q[b + 16] (index bits 0-3)
-    SCALE_D
-    vmulps          zmm0, zmm0, zmm2                ; T[q] = d * (q - 8), exact
+    vmulps          zmm0, zmm2, [SLOT]{1to16}       ; T[q] = d * (q - 8), exact
     vpermps         zmm%2, zmm%2, zmm0              ; w[b] = T[q[b]] (bits 4-7 ignored)
     vpermps         zmm%3, zmm%3, zmm0
 %endmacro
@@ -203,17 +210,16 @@ section .text
 %error DEQ_Q5_0's 16-byte nibble load must end where the block does
 %endif
 %macro DEQ_Q5_0 3
+    SCALES_TO_SLOT  %1 + Q5_0_D, %2, vpbroadcastw
     vpmovzxbd       zmm%2, [%1 + Q5_0_QS]           ; byte b: nibbles of elements b, b + 16
     kmovw           k1, [%1 + Q5_0_QH]              ; qh bits 0-15
     kmovw           k2, [%1 + Q5_0_QH + 2]          ; qh bits 16-31
-    vpbroadcastw    xmm0, [%1 + Q5_0_D]
     vpsrld          zmm%3, zmm%2, NIBBLE_BITS       ; nibble of element b + 16 (bits 4+ zero)
     vpandd          zmm%2, zmm%2, [c_nibble_mask]{1to16}    ; nibble of element b
-    SCALE_D
     vpord           zmm%2{k1}, zmm%2, [c_q5_high_bit]{1to16}    ; q = nibble | bit << 4
     vpord           zmm%3{k2}, zmm%3, [c_q5_high_bit]{1to16}
-    vmulps          zmm1, zmm0, zmm3                ; T[16..31] = d * (0..15)
-    vmulps          zmm0, zmm0, zmm2                ; T[0..15] = d * (-16..-1)
+    vmulps          zmm1, zmm3, [SLOT]{1to16}       ; T[16..31] = d * (0..15)
+    vmulps          zmm0, zmm2, [SLOT]{1to16}       ; T[0..15] = d * (-16..-1)
     vpermi2ps       zmm%2, zmm0, zmm1               ; w[e] = T[q[e]]
     vpermi2ps       zmm%3, zmm0, zmm1
 %endmacro
@@ -222,14 +228,13 @@ section .text
 %error DEQ_Q4_1 loads d and m as one dword
 %endif
 %macro DEQ_Q4_1 3
+    SCALES_TO_SLOT  %1 + Q4_1_D, %2, vmovd          ; fp16 d, m (Q4_1_M = Q4_1_D + 2)
     vpmovzxbd       zmm%2, [%1 + Q4_1_QS]
-    vpbroadcastd    xmm1, [%1 + Q4_1_D]             ; fp16 d, m (Q4_1_M = Q4_1_D + 2)
     vpsrld          zmm%3, zmm%2, NIBBLE_BITS
-    vcvtph2ps       xmm1, xmm1                      ; d, m, d, m
-    vbroadcastss    zmm0, xmm1
-    vmovshdup       xmm1, xmm1
-    vbroadcastss    zmm1, xmm1
-    Q4_LOOKUP       %2, %3
+    vbroadcastss    zmm0, [SLOT]                    ; d
+    vfmadd213ps     zmm0, zmm2, [SLOT + FLOAT_BYTES]{1to16}    ; T[q] = fma(d, q, m)
+    vpermps         zmm%2, zmm%2, zmm0
+    vpermps         zmm%3, zmm%3, zmm0
 %endmacro
 
 %macro DEQ_Q4_KR 3
