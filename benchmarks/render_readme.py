@@ -963,10 +963,22 @@ def quant_kernel_section(data: dict[str, Any]) -> str:
         f"{read:.1f} GB/s. Times are medians of repeated calls on random weights quantized by "
         "gguf-py; GB/s counts the weight bytes a call reads; torch's columns multiply the same "
         "weights dequantized (float32, bfloat16) by the same rows.",
-        "",
     ]
+    peak = data.get("fma_peak_gmacs")
+    if peak is not None:
+        lines.append(
+            f"Float32 multiply-add peak measured in the same run (`_quant.fma_probe`: "
+            f"independent FMAs on every kernel thread): {peak:.1f} G/s. *5-row floor*: the "
+            "least time 5 rows' multiply-adds take at that peak, over this kernel's one row "
+            "and over one row streaming its weights at the read bandwidth: every row needs "
+            "its own multiply-add per weight, so no exact kernel's 5 rows beat it."
+        )
+    lines.append("")
+    floors = peak is not None
     rows = [["shape", "format", "backend", "1 row ms (GB/s, of read)", "5 rows ms (x 1 row)",
              "16 rows ms (x 1 row)", "torch fp32 / bf16, 1 row ms"]]  # fmt: skip
+    if floors:
+        rows[0].append("5-row floor (x 1 row, x read)")
     keyed: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
     for row in data["rows"]:
         keyed.setdefault((row["shape"], row["format"], row["backend"]), {})[row["rows"]] = row
@@ -980,6 +992,14 @@ def quant_kernel_section(data: dict[str, Any]) -> str:
             other = by_m.get(m)
             cells.append(f"{other['ms']:.3f} ({other['ms'] / one['ms']:.2f}x)" if other else "-")
         cells.append(f"{one['torch_fp32_ms']:.3f} / {one['torch_bf16_ms']:.3f}")
+        five = by_m.get(5)
+        if floors:
+            if five is not None and "fma_floor_ms" in five:
+                floor = five["fma_floor_ms"]
+                read_ms = one["weight_bytes"] / read / 1e6
+                cells.append(f"{floor:.3f} ({floor / one['ms']:.2f}x, {floor / read_ms:.2f}x)")
+            else:
+                cells.append("-")
         rows.append(cells)
     return "\n".join(lines + _markdown(rows))
 

@@ -55,6 +55,8 @@ typedef struct {
     const char *name;
     fs_qmm_fn fn[N_FORMATS];
     int step_isa; /* the compilation of fs_decoder_step that goes with it (quant_step.h) */
+    void (*fma_probe)(uint64_t rounds); /* a core's multiply-add peak (quant.h) */
+    uint64_t probe_macs;                /* multiply-adds one round of it does */
 } backend_t;
 
 static fs_cpu g_cpu;
@@ -66,7 +68,7 @@ static void register_backends(void) {
     const backend_t scalar = {"scalar",
                               {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_k_c,
                                fs_qmm_q6_k_c, fs_qmm_q4_kr_c, fs_qmm_q6_kr_c, fs_qmm_q5_0_c},
-                              FS_STEP_BASELINE};
+                              FS_STEP_BASELINE, fs_fma_probe_c, FS_FMA_PROBE_LANES_C};
     g_n_backends = 0;
     g_backends[g_n_backends++] = scalar;
 #ifdef FLASHSPEC_HAVE_QUANT_ASM
@@ -74,6 +76,8 @@ static void register_backends(void) {
         backend_t b = scalar;
         b.name = "avx2";
         b.step_isa = FS_STEP_AVX2;
+        b.fma_probe = fs_fma_probe_avx2;
+        b.probe_macs = FS_FMA_PROBE_CHAINS_AVX2 * 8;
         b.fn[F_Q4_0] = fs_qmm_q4_0_avx2;
         b.fn[F_Q4_1] = fs_qmm_q4_1_avx2;
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx2;
@@ -86,6 +90,8 @@ static void register_backends(void) {
         backend_t b = scalar;
         b.name = "avx512";
         b.step_isa = FS_STEP_AVX512;
+        b.fma_probe = fs_fma_probe_avx512;
+        b.probe_macs = FS_FMA_PROBE_CHAINS_AVX512 * 16;
         b.fn[F_Q4_0] = fs_qmm_q4_0_avx512;
         b.fn[F_Q4_1] = fs_qmm_q4_1_avx512;
         b.fn[F_Q8_0] = fs_qmm_q8_0_avx512;
@@ -993,6 +999,56 @@ static PyObject *py_formats(PyObject *self, PyObject *unused) {
     return d;
 }
 
+/* ------------------------------------------------------------- the FMA probe */
+
+typedef struct {
+    void (*fn)(uint64_t rounds);
+    uint64_t rounds;
+} probe_job;
+
+static void probe_share(void *arg, size_t part, size_t parts) {
+    (void)part;
+    (void)parts;
+    const probe_job *job = (const probe_job *)arg;
+    job->fn(job->rounds);
+}
+
+#define PROBE_MAX_ROUNDS (1ULL << 40)
+
+static PyObject *py_fma_probe(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long long rounds = PyLong_AsUnsignedLongLong(arg);
+    if (rounds == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "fma_probe takes rounds in 1..%llu",
+                         PROBE_MAX_ROUNDS);
+        }
+        return NULL;
+    }
+    if (rounds < 1 || rounds > PROBE_MAX_ROUNDS) {
+        PyErr_Format(PyExc_ValueError, "fma_probe takes rounds in 1..%llu, got %llu",
+                     PROBE_MAX_ROUNDS, rounds);
+        return NULL;
+    }
+    probe_job job = {g_active->fma_probe, rounds};
+    task_t t = {0};
+    t.custom = probe_share;
+    t.arg = &job;
+    int parts = 1;
+    int pooled = g_pool.wanted > 1 && !atomic_flag_test_and_set(&g_pool_busy);
+    if (pooled) {
+        pool_grow();
+        parts = g_pool.started + 1 < g_pool.wanted ? g_pool.started + 1 : g_pool.wanted;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_task(&t, parts);
+    Py_END_ALLOW_THREADS
+    if (pooled) atomic_flag_clear(&g_pool_busy);
+    return PyLong_FromUnsignedLongLong((unsigned long long)parts * rounds *
+                                       g_active->probe_macs);
+}
+
 static PyObject *py_backend(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -1093,6 +1149,10 @@ static PyMethodDef methods[] = {
     {"set_backend", py_set_backend, METH_O,
      "set_backend(name, /)\n--\n\nSwitch backend (FLASHSPEC_QUANT_KERNEL does it at import)."},
     {"threads", py_threads, METH_NOARGS, "threads()\n--\n\nThreads a large call uses."},
+    {"fma_probe", py_fma_probe, METH_O,
+     "fma_probe(rounds, /)\n--\n\nRun the backend's float32 multiply-add probe (independent "
+     "FMAs on zeros) rounds times on each of threads() cores at once; return the "
+     "multiply-adds done. Timed by the caller: the machine's multiply-add peak."},
     {"set_threads", py_set_threads, METH_O,
      "set_threads(n, /)\n--\n\nThreads a large call uses (FLASHSPEC_QUANT_THREADS at import)."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features()\n--\n\nCPUID facts."},

@@ -269,3 +269,16 @@ void fs_qmm_q6_k_c(const fs_qjob *job) { qmm(job, dq_q6_k, QK_K, 210); }
 void fs_qmm_q5_0_c(const fs_qjob *job) { qmm(job, dq_q5_0, QK, 22); }
 void fs_qmm_q4_kr_c(const fs_qjob *job) { qmm(job, dq_q4_kr, QK, Q4_KR_BYTES); }
 void fs_qmm_q6_kr_c(const fs_qjob *job) { qmm(job, dq_q6_kr, QK, Q6_KR_BYTES); }
+
+void fs_fma_probe_c(uint64_t rounds) {
+    /* Zeros through a volatile: the compiler cannot fold the chains away or assume their
+     * values; a sink keeps their results live. */
+    volatile float zero = 0.0f;
+    const float a = zero, b = zero;
+    float acc[FS_FMA_PROBE_LANES_C] = {0};
+    for (uint64_t r = 0; r < rounds; r++)
+        for (int i = 0; i < FS_FMA_PROBE_LANES_C; i++) acc[i] = acc[i] + a * b;
+    float sum = 0.0f;
+    for (int i = 0; i < FS_FMA_PROBE_LANES_C; i++) sum += acc[i];
+    zero = sum;
+}

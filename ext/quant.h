@@ -108,6 +108,9 @@ float fs_half_to_float(uint16_t h);
 /* Portable C kernels: the fallback and the reference the asm is checked against. */
 void fs_qmm_q4_0_c(const fs_qjob *job);
 void fs_qmm_q4_1_c(const fs_qjob *job);
+/* The C fallback's multiply-add rate: rounds x FS_FMA_PROBE_LANES_C independent a * b + c. */
+#define FS_FMA_PROBE_LANES_C 8
+void fs_fma_probe_c(uint64_t rounds);
 void fs_qmm_q8_0_c(const fs_qjob *job);
 void fs_qmm_q4_k_c(const fs_qjob *job);
 void fs_qmm_q6_k_c(const fs_qjob *job);
@@ -162,6 +165,13 @@ void fs_qmm_q4_kr_avx512(const fs_qjob *job);
 void fs_qmm_q6_kr_avx512(const fs_qjob *job);
 void fs_qmm_q5_0_avx2(const fs_qjob *job);
 void fs_qmm_q5_0_avx512(const fs_qjob *job);
+/* The float32 multiply-add peak of one core (flashspec.bench.quant's floor of a product of
+ * m rows: each row needs one multiply-add per weight, whatever the format): rounds x
+ * CHAINS independent FMAs of 8 (ymm) or 16 (zmm) lanes. */
+#define FS_FMA_PROBE_CHAINS_AVX2 12
+#define FS_FMA_PROBE_CHAINS_AVX512 16
+void fs_fma_probe_avx2(uint64_t rounds);
+void fs_fma_probe_avx512(uint64_t rounds);
 /* Q4_K / Q6_K as the file stores them run the C kernel; a load repacks them (above).
  * Q5_0 runs as the file stores it (22-byte blocks, memory-mapped). */
 #endif

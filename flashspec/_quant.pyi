@@ -45,6 +45,11 @@ def threads() -> int:
 def set_threads(n: int, /) -> None:
     """Threads a large call uses (1..8)."""
 
+def fma_probe(rounds: int, /) -> int:
+    """Run the backend's float32 multiply-add probe (independent FMAs on zeros) ``rounds``
+    times on each of ``threads()`` cores at once; return the multiply-adds done. Timed by the
+    caller, it measures the machine's multiply-add peak."""
+
 def cpu_features() -> dict[str, bool]:
     """CPUID/XGETBV facts behind the dispatch."""
 

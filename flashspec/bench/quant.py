@@ -59,6 +59,35 @@ def read_bandwidth(repeats: int = 7) -> float:
     return BANDWIDTH_BYTES / best / 1e9
 
 
+def fma_peak(repeats: int = 5, seconds: float = 0.05) -> float:
+    """Float32 multiply-adds per second of this machine: the best backend's FMA probe
+    (``flashspec._quant.fma_probe``: independent FMAs on zeros, on every kernel thread at
+    once), the best of ``repeats`` runs of about ``seconds`` each. No exact kernel can run a
+    product of m rows faster than m * n * k multiply-adds at this rate: every x row needs its
+    own multiply-add per weight (8-bit dot products would quantize x)."""
+    from .. import _quant as Q
+
+    before = Q.backend()
+    best = 0.0
+    try:
+        for backend in Q.available_backends():
+            Q.set_backend(backend)
+            rounds = 1 << 10
+            while True:  # size a run to about ``seconds``
+                start = time.perf_counter()
+                Q.fma_probe(rounds)
+                if time.perf_counter() - start >= seconds / 4 or rounds >= 1 << 34:
+                    break
+                rounds *= 4
+            for _ in range(repeats):
+                start = time.perf_counter()
+                macs = Q.fma_probe(rounds)
+                best = max(best, macs / (time.perf_counter() - start))
+    finally:
+        Q.set_backend(before)
+    return best
+
+
 def random_blocks(name: str, n: int, k: int, seed: int = 0) -> npt.NDArray[np.uint8]:
     """(n, row bytes) uint8 blocks of format ``name`` holding random weights, quantized by
     gguf-py (or random bytes with finite scales where gguf-py cannot quantize the format; a
@@ -104,9 +133,10 @@ def _median_seconds(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int)
     return statistics.median(times)
 
 
-def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
+def measure(quick: bool, show_progress: bool, peak: float) -> list[dict[str, Any]]:
     """One row per (shape, format, backend, rows): the kernel's ms, GB/s and ns per row, beside
-    torch's dense float32 and bfloat16 ``x @ W.T`` of the same shape and rows."""
+    torch's dense float32 and bfloat16 ``x @ W.T`` of the same shape and rows, and the least
+    time its multiply-adds take at ``peak`` (multiply-adds per second, ``fma_peak``)."""
     import torch
 
     from .. import _quant as Q
@@ -142,8 +172,10 @@ def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
                     {
                         "shape": label, "n": n, "k": k, "format": fmt, "backend": backend,
                         "rows": m, "ms": round(seconds * 1e3, 4),
+                        "weight_bytes": int(blocks.nbytes),
                         "weight_gb_per_s": round(blocks.nbytes / seconds / 1e9, 2),
                         "ns_per_row": round(seconds * 1e9 / m, 1),
+                        "fma_floor_ms": round(m * n * k / peak * 1e3, 4),
                         "torch_fp32_ms": round(torch_fp32 * 1e3, 4),
                         "torch_bf16_ms": round(torch_bf16 * 1e3, 4),
                     }
@@ -153,8 +185,12 @@ def measure(quick: bool, show_progress: bool) -> list[dict[str, Any]]:
 
 
 def summarise(rows: list[dict[str, Any]], bandwidth: float) -> dict[str, Any]:
-    """Per format and backend: the fraction of read bandwidth at one row, and the cost of
-    5 and 16 rows over one (on the largest shape, the head, where the weights dominate)."""
+    """Per format, backend and shape: the fraction of read bandwidth at one row, the cost of
+    5 and 16 rows over one, and ``rows_5_floor_over_1``: the least 5-rows-over-1 any exact
+    kernel could show against this kernel's one-row time (5 rows' multiply-adds at the
+    machine's peak, over the measured one row): above 1.5, no kernel meets a 1.5x target
+    without a slower single row; ``rows_5_floor_over_read``: the same against a single row
+    that streams its weights at the measured read bandwidth."""
     out: dict[str, Any] = {}
     for row in rows:
         if row["rows"] != 1:
@@ -164,10 +200,21 @@ def summarise(rows: list[dict[str, Any]], bandwidth: float) -> dict[str, Any]:
         same = {
             r["rows"]: r["ms"] for r in rows if (r["format"], r["backend"], r["shape"]) == where
         }
+        floors = {
+            r["rows"]: r["fma_floor_ms"]
+            for r in rows
+            if (r["format"], r["backend"], r["shape"]) == where and "fma_floor_ms" in r
+        }
         out[key] = {
             "bandwidth_fraction_1_row": round(row["weight_gb_per_s"] / bandwidth, 3),
             "rows_5_over_1": round(same[5] / same[1], 3) if 5 in same else None,
             "rows_16_over_1": round(same[16] / same[1], 3) if 16 in same else None,
+            "rows_5_floor_over_1": round(floors[5] / same[1], 3) if 5 in floors else None,
+            "rows_5_floor_over_read": (
+                round(floors[5] / (row["weight_bytes"] / bandwidth / 1e6), 3)
+                if 5 in floors
+                else None
+            ),
         }
     return out
 
@@ -192,20 +239,23 @@ def main(args: argparse.Namespace) -> int:
     machine["quant_backends"] = list(Q.available_backends())
     machine["quant_threads"] = Q.threads()
     bandwidth = read_bandwidth()
-    rows = measure(args.quick, not args.no_progress)
+    peak = fma_peak()
+    rows = measure(args.quick, not args.no_progress, peak)
     data = {
         "machine": machine,
         "kind": "quant",
         "read_gb_per_s": round(bandwidth, 2),
+        "fma_peak_gmacs": round(peak / 1e9, 2),
         "settings": {
             "threads": Q.threads(),
-            "note": "median of alternating repeats; GB/s = weight bytes / seconds",
+            "note": "median of alternating repeats; GB/s = weight bytes / seconds; "
+            "fma_floor_ms = rows * n * k multiply-adds at fma_peak_gmacs",
         },
         "summary": summarise(rows, bandwidth),
         "rows": rows,
     }
     write_json(data, args.out_dir / f"{args.name}.json")
-    print(f"read bandwidth {bandwidth:.1f} GB/s")
+    print(f"read bandwidth {bandwidth:.1f} GB/s, float32 multiply-add peak {peak / 1e9:.1f} G/s")
     for row in rows:
         print(
             f"{row['shape']:18s} {row['format']:9s} {row['backend']:7s} m={row['rows']:2d} "

@@ -181,6 +181,23 @@ MUTANTS = {
         "memory fault",
         {"avx512f", "avx2"},
     ),
+    "FMA probe clobbers rbx (avx512)": (
+        "quant_avx512.asm",
+        _sub(
+            "    dec             rdi\n    jnz             .round",
+            "    dec             rdi\n    mov ebx, edi\n    jnz             .round",
+        ),
+        "avx512",
+        "rbx clobbered",
+        {"avx512f", "avx2"},
+    ),
+    "FMA probe without vzeroupper (avx2)": (
+        "quant_avx2.asm",
+        _sub("    vzeroupper\n    ret\nFS_ENDFUNC", "    ret\nFS_ENDFUNC"),
+        "avx2",
+        "vzeroupper",
+        {"avx2", "fma", "f16c", "xgetbv1"},
+    ),
     "missing vzeroupper": (
         "quant.inc",
         _sub("    vzeroupper\n    ret", "    ret"),

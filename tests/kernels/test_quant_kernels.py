@@ -421,6 +421,26 @@ def test_concurrent_python_threads(restore_threads: None) -> None:
     assert not failures
 
 
+PROBE_MACS = {"scalar": 8, "avx2": 12 * 8, "avx512": 16 * 16}
+"""Multiply-adds one round of each backend's FMA probe does (ext/quant.h: chains x lanes)."""
+
+
+def test_fma_probe_counts_the_multiply_adds_of_every_thread(
+    backend: str, restore_threads: None
+) -> None:
+    """``fma_probe`` (the bench's multiply-add peak) runs its rounds on each kernel thread and
+    says how many multiply-adds that was; bad round counts are refused by name."""
+    for threads in (1, 2):
+        Q.set_threads(threads)
+        for rounds in (1, 7, 1000):
+            assert Q.fma_probe(rounds) == threads * rounds * PROBE_MACS[backend]
+    for bad in (0, -1, 1 << 41):
+        with pytest.raises(ValueError, match="rounds in 1"):
+            Q.fma_probe(bad)
+    with pytest.raises(TypeError):
+        Q.fma_probe("10")  # type: ignore[arg-type]
+
+
 def test_reference_has_power() -> None:
     """The comparison above catches the kernel bugs it is meant to: a Q4_1 kernel that dropped
     the min, or one that read the nibbles in the other order, would miss the reference by far

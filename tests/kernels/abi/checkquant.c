@@ -103,6 +103,7 @@ typedef struct {
     const char *name;
     int is_asm;
     fs_qmm_fn fn[N_FMT];
+    void (*probe)(uint64_t rounds); /* the FMA probe (ext/quant.h) */
 } backend;
 
 /* Uniform in [-1, 1) with 24 random bits: every value is an exact float. */
@@ -289,6 +290,29 @@ static int run_job(const backend *be, int f, const fs_qjob *job) {
 }
 
 /* ---- the checks ---------------------------------------------------------- */
+
+/* The FMA probe through the same trampoline as the kernels (canaries in the callee-saved
+ * registers, MXCSR, vzeroupper): its only argument, the round count, rides in rdi where a
+ * kernel's job pointer would, and 0 rounds must return at once. */
+static void check_probe(const backend *be) {
+    static const uint64_t rounds[] = {0, 1, 1000};
+    for (size_t i = 0; i < sizeof rounds / sizeof rounds[0]; i++) {
+        begin_case("%s fma probe rounds=%" PRIu64, be->name, rounds[i]);
+        if (!be->is_asm) {
+            be->probe(rounds[i]);
+            end_case();
+            continue;
+        }
+        for (int r = 0; r < 7; r++) checkasm_canary[r] = rnd() | 1;
+        checkasm_fail = 0;
+        checkasm_xmm0_live = 0;
+        __builtin_ia32_ldmxcsr(__builtin_ia32_stmxcsr() | MXCSR_FLAGS);
+        checkquant_call((fs_qmm_fn)(void (*)(void))be->probe, (const fs_qjob *)(uintptr_t)rounds[i]);
+        for (unsigned b = 0; b < N_ABI_FAIL; b++)
+            if (checkasm_fail & (1u << b)) errf("%s: fma probe: ABI: %s", be->name, abi_fail_names[b]);
+        end_case();
+    }
+}
 
 static gpage gx, gw, gy;
 static float src_x[MAX_M * (MAX_K + MAX_PAD)];
@@ -570,11 +594,12 @@ int main(int argc, char **argv) {
 
     backend all[] = {
         {"c", 0, {fs_qmm_q4_0_c, fs_qmm_q4_1_c, fs_qmm_q8_0_c, fs_qmm_q4_kr_c, fs_qmm_q6_kr_c,
-                  fs_qmm_q5_0_c}},
+                  fs_qmm_q5_0_c}, fs_fma_probe_c},
         {"avx2", 1, {fs_qmm_q4_0_avx2, fs_qmm_q4_1_avx2, fs_qmm_q8_0_avx2, fs_qmm_q4_kr_avx2,
-                     fs_qmm_q6_kr_avx2, fs_qmm_q5_0_avx2}},
+                     fs_qmm_q6_kr_avx2, fs_qmm_q5_0_avx2}, fs_fma_probe_avx2},
         {"avx512", 1, {fs_qmm_q4_0_avx512, fs_qmm_q4_1_avx512, fs_qmm_q8_0_avx512,
-                       fs_qmm_q4_kr_avx512, fs_qmm_q6_kr_avx512, fs_qmm_q5_0_avx512}},
+                       fs_qmm_q4_kr_avx512, fs_qmm_q6_kr_avx512, fs_qmm_q5_0_avx512},
+         fs_fma_probe_avx512},
     };
     int supported[] = {1, have_avx2, have_avx512};
     backend bes[3];
@@ -601,6 +626,7 @@ int main(int argc, char **argv) {
     gx = gpage_new(sizeof src_x);
     gw = gpage_new(sizeof src_w);
     gy = gpage_new(MAX_M * (MAX_N + MAX_PAD) * sizeof(float));
+    for (size_t k = 0; k < nb; k++) check_probe(&bes[k]);
 
     for (int f = 0; f < N_FMT; f++)
         for (size_t ki = 0; ki < N_KB; ki++)
