@@ -144,6 +144,58 @@ def lean_forward(
     return t.result(last_hidden_state=self.norm(hidden), cache=cache)
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _global_hooks() -> bool:
+    hooks: Any = torch.nn.modules.module
+    return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
+
+
+def lean_logits(
+    model: Any,
+    ids: torch.Tensor,
+    positions: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    cache: Any,
+    keep: int,
+) -> torch.Tensor | None:
+    """The last ``keep`` logits (B, keep, V) of ``model`` (a Llama causal LM whose decoder has
+    the fused C step, ``flashspec.quant.decoder``) for ``ids`` (B, n) after ``cache``: what
+    ``model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache,
+    logits_to_keep=keep).logits`` holds, by the same operations in the same order (the lean
+    forward's fused branch, then the head on the last ``keep`` positions), without the two
+    outer calls' plumbing (output records, keyword and deprecation wrappers): on a CPU that
+    plumbing was a few percent of a SmolLM2 step. The final norm and the head stay module
+    calls, so hooks on them fire. None, having changed nothing the caller reads, whenever
+    the call is not one this path takes (hooks on the model or its decoder, the module path,
+    training, tracing): the caller then runs the model. The caller sets torch's threads as
+    the model's own forward would (``flashspec.quant.threads.forward_threads``)."""
+    inner = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    if inner is None or head is None or keep < 1 or not is_lean(inner):
+        return None
+    fused = inner.__dict__.get("_flashspec_fused")
+    if fused is None or model.training or torch.compiler.is_compiling():
+        return None
+    if _hooked(model) or _hooked(inner) or _global_hooks():
+        return None
+    embeds = inner.embed_tokens(ids)
+    if positions is None:
+        seen = cache.get_seq_length()
+        positions = (torch.arange(int(ids.shape[1]), device=embeds.device) + seen)[None]
+    takes, keys = _fused_mask(mask, embeds, cache)
+    if not takes:
+        return None
+    hidden = embeds.clone(memory_format=torch.contiguous_format)  # written in place
+    cos, sin = inner.rotary_emb(hidden, position_ids=positions)
+    if not fused.step(cache, hidden, cos, sin, keys):
+        return None
+    logits: torch.Tensor = head(inner.norm(hidden)[:, -keep:, :])
+    return logits
+
+
 def _fused_mask(
     mask: torch.Tensor | None, embeds: torch.Tensor, cache: Any
 ) -> tuple[bool, torch.Tensor | None]:

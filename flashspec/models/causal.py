@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .._families import check_family, padded_batch_refusal
-from .._lean import make_lean
+from .._lean import lean_logits, make_lean
 from ..compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
 from ..compiled.step import CompiledForward
 from ..kv.cache import RowCache
@@ -43,6 +43,7 @@ from ..kv.state import (
     trim_conv,
 )
 from ..profiling import span
+from ..quant.threads import forward_threads
 from ..trees.tree import TokenTree
 from .padding import Padding
 from .vocab import eos_ids
@@ -362,6 +363,12 @@ class CausalLM:
                 assert self.compiled is not None and positions is not None
                 scores: torch.Tensor = self.compiled(ids, positions, self.cached, self.cache)
                 return scores[:, -keep:]
+            if self.signature.logits_to_keep:
+                # A fused quantized Llama: its parts called directly (the same operations).
+                with forward_threads(self.model, ids.numel(), int(ids.shape[0])):
+                    direct = lean_logits(self.model, ids, positions, mask, self.cache, keep)
+                if direct is not None:
+                    return direct
             kwargs: dict[str, Any] = {self.signature.cache_arg: self.cache, "use_cache": True}
             if positions is not None:
                 kwargs["position_ids"] = positions

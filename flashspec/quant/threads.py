@@ -50,6 +50,11 @@ def _rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
 
 
 _SINGLE_ROW_ROUNDS = "_flashspec_single_row_rounds"
+_SHARES_CORES = "_flashspec_shares_cores"  # set by share_cores: whether its layers are fused
+
+
+def _few(rows: int, batch: int, fused: bool) -> bool:
+    return rows <= DENSE_ROWS or (fused and batch == 1)
 
 
 def share_cores(model: torch.nn.Module, fused: bool = False) -> None:
@@ -61,17 +66,27 @@ def share_cores(model: torch.nn.Module, fused: bool = False) -> None:
     forward = model.forward
     if fused:
         model.__dict__[_SINGLE_ROW_ROUNDS] = True
+    model.__dict__[_SHARES_CORES] = fused
 
     @functools.wraps(forward)
     def run(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         rows, batch = _rows(args, kwargs)
-        few = rows <= DENSE_ROWS or (fused and batch == 1)
-        if torch.compiler.is_compiling() or not few:
+        if torch.compiler.is_compiling() or not _few(rows, batch, fused):
             return forward(*args, **kwargs)
         with torch_threads(1):
             return forward(*args, **kwargs)
 
     model.forward = types.MethodType(run, model)
+
+
+def forward_threads(model: Any, rows: int, batch: int) -> contextlib.AbstractContextManager[None]:
+    """What ``share_cores``' forward does around a call of ``rows`` positions in ``batch``
+    rows, for a caller that runs the model's parts itself (``flashspec._lean.lean_logits``):
+    torch at one thread, or nothing."""
+    fused = getattr(model, "__dict__", {}).get(_SHARES_CORES)
+    if fused is None or not _few(rows, batch, fused):
+        return contextlib.nullcontext()
+    return torch_threads(1)
 
 
 def round_threads(model: Any, rows: int) -> contextlib.AbstractContextManager[None]:

@@ -832,3 +832,67 @@ def test_a_tree_mask_the_c_step_cannot_take_goes_module_by_module(
     rope = torch.ones((1, 3, 16))
     assert not fused.step(cache, hidden, rope, rope, torch.ones((2, 3, 8), dtype=torch.bool))
     assert counting.steps == before
+
+
+def _engine_logits(loaded: Any, model: Any) -> list[torch.Tensor]:
+    """Every verification's logits of a ragged speculative batch (3 prompts of different
+    lengths, lookup drafts of different lengths: 2-D masks, several positions kept)."""
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    seen: list[torch.Tensor] = []
+    verify = target.verify
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        logits = verify(*args, **kwargs)
+        seen.append(logits.clone())
+        return logits
+
+    target.verify = spy  # type: ignore[method-assign]
+    # Fixed arms: the same rounds in every run (measured costs choose nothing).
+    config = FlashSpecConfig(
+        sampling=SamplingConfig(gamma=4), bandit=BanditConfig(batches="fixed", plain=False)
+    )
+    engine = SpeculativeEngine(config, [PromptLookupDrafter()], target)
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in LOOKUP_PROMPTS]
+    engine.generate(prompts, max_new_tokens=[30, 18, 30])
+    engine.generate(prompts[0], max_new_tokens=20)  # one row: no mask
+    return seen
+
+
+def test_direct_logits_are_the_models_own_call_bit_for_bit(
+    files: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fused target's forwards skip transformers' call plumbing (``lean_logits``): every
+    logit of a ragged engine run, one-row rounds included, is bit for bit what the model's own
+    call gives; hooks on the model send calls back to it (and fire)."""
+    import flashspec.models.causal as causal
+
+    loaded = files(VARIANTS[1])
+    model, _ = loaded.quantized()
+    taken: list[int] = []
+    direct = causal.lean_logits
+
+    def counted(*args: Any) -> Any:
+        out = direct(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(causal, "lean_logits", counted)
+    fast = _engine_logits(loaded, model)
+    assert taken and all(taken)
+    monkeypatch.setattr(causal, "lean_logits", lambda *args: None)
+    slow = _engine_logits(loaded, model)
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a, b)
+
+    monkeypatch.setattr(causal, "lean_logits", counted)
+    taken.clear()
+    calls: list[int] = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        hooked = _engine_logits(loaded, model)
+    finally:
+        handle.remove()
+    assert taken and not any(taken) and len(calls) == len(hooked)
+    for a, b in zip(hooked, slow, strict=True):
+        assert torch.equal(a, b)
