@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..models import CausalLM, Padding
-from ..sampling import draft_sample
+from ..sampling import argmax_last, draft_sample
 from .base import DraftContext, Drafter, Proposal, no_drafts
 
 
@@ -124,7 +124,7 @@ def pick_draft(
     if ctx.adjust is not None:
         logits = ctx.adjust(logits, drafts)
     if ctx.warper.greedy:
-        token = logits.max(dim=-1).indices
+        token = argmax_last(logits)
         probs = logits.float().softmax(dim=-1) if threshold is not None else None
     else:
         probs = ctx.warper.probs(logits)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import sample_inverse_cdf
+from ..sampling import argmax_last, sample_inverse_cdf
 from .tree import ROOT, TokenTree, Trial
 
 # A floor for a hand-made q(x) = 0 in the acceptance probability (a token drawn from q has
@@ -111,8 +111,8 @@ def accept_tree_greedy(logits: torch.Tensor, tree: TokenTree) -> TreeAcceptance:
     probabilities: list[float] = []
     node = ROOT
     while True:
-        # max().indices: the first maximum, the tie rule of accept_greedy.
-        best = int(logits[node + 1].max(dim=-1).indices.item())
+        # The first maximum, the tie rule of accept_greedy.
+        best = int(argmax_last(logits[node + 1]).item())
         child = _first_children(tree, node, tokens).get(best)
         probabilities.append(0.0 if child is None else 1.0)
         if child is None:

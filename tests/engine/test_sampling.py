@@ -273,3 +273,25 @@ def test_top_p_sorts_only_its_candidates_and_keeps_hfs_cut(top_p: float) -> None
     kept = (got > float("-inf")).sum(-1)
     if top_p <= 0.95:  # both roads taken: few candidates, and the fallback
         assert int(kept[:6].max()) < vocab // 8 < int(kept[6:8].min())
+
+
+@pytest.mark.parametrize(
+    "logits",
+    [
+        torch.tensor([[1.0, 3.0, 3.0, 0.0]]),  # a tie: the first maximum
+        torch.tensor([[float("-inf")] * 4]),
+        torch.tensor([[1.0, float("nan"), 5.0, float("nan")]]),  # NaN counts as maximal
+        torch.randn(7),
+        torch.randn(3, 5, 49152),
+        torch.randn(4, 9)[:, ::2],  # not contiguous
+        torch.randn(2, 6).to(torch.bfloat16),  # torch's own reduction
+    ],
+    ids=["tie", "all-inf", "nan", "1-d", "rounds", "strided", "bfloat16"],
+)
+def test_argmax_last_is_torchs_argmax(logits: torch.Tensor) -> None:
+    """The greedy argmax through NumPy keeps torch's rule, shape and dtype."""
+    with torch.inference_mode():
+        got = sampling.argmax_last(logits)
+        want = logits.argmax(dim=-1)
+    assert got.dtype == torch.int64 and got.shape == want.shape
+    assert torch.equal(got, want)
