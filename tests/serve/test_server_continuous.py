@@ -340,6 +340,79 @@ def test_a_row_cancelled_on_its_way_into_the_stream_leaves(
     assert metrics.value("running_rows") == 0
 
 
+def test_a_full_stream_takes_waiting_jobs_in_groups(reference: Callable[..., Any]) -> None:
+    """While more jobs wait than a full stream has room for, they join ``join_group`` at a
+    time (one prefill for the group, not one a round as rows finish); when every waiting
+    job fits, it joins at once; every row is still its prompt's own output."""
+    engine = tiny_engine()
+    worker = EngineWorker(engine, max_batch=4, max_queue=16, metrics=server_metrics(),
+                          join_group=2)  # fmt: skip
+    tokenizer = engine.tokenizer
+    texts = ["x = 1\n", "def f(a):", "import os", "class A:", "y = [1, 2]", "for i in r", "z = 0"]
+    lengths = [3, 5, 8, 11, 6, 6, 6]  # the first four finish one at a time
+    events: dict[int, list[Event]] = {i: [] for i in range(len(texts))}
+    chunks = [0]
+    done = threading.Event()
+
+    def job(index: int) -> Job:
+        def deliver(event: Event) -> None:
+            chunks[0] += 1
+            events[index].append(event)
+            if index == 0 and len(events[0]) == 1:
+                worker.submit([waiting[0], waiting[1], waiting[2]])
+            if all(e and e[-1].last for e in events.values()):
+                done.set()
+
+        return Job(
+            prompt_ids=[int(t) for t in tokenizer(texts[index])["input_ids"]],
+            max_tokens=lengths[index],
+            stop=(),
+            sampling=None,
+            seed=None,
+            group=("greedy",),
+            deliver=deliver,
+        )
+
+    first = [job(i) for i in range(4)]
+    waiting = [job(i) for i in range(4, 7)]
+    joined_at: list[int] = []  # the chunk count when each job joined
+    original = engine.stream
+
+    def stream(*args: Any, **kwargs: Any) -> Any:
+        inner = original(*args, **kwargs)
+        real_join = inner.join
+
+        def join(prompt: list[int], max_new_tokens: int, **options: Any) -> int:
+            joined_at.append(chunks[0])
+            return int(real_join(prompt, max_new_tokens, **options))
+
+        inner.join = join
+        return inner
+
+    engine.stream = stream  # type: ignore[method-assign]
+    worker.start()
+    try:
+        worker.submit(first)
+        assert done.wait(60), events
+    finally:
+        worker.stop()
+    assert len(joined_at) == 3
+    # Two free rows for three waiting jobs: two join together; the last one fits and joins.
+    assert joined_at[0] == joined_at[1] < joined_at[2], joined_at
+    for index, text in enumerate(texts):
+        got = "".join(e.text for e in events[index])
+        assert got == reference(text, lengths[index]).texts[0], index
+
+
+def test_join_group_is_checked() -> None:
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=r"join_group must be in 1\.\.max_batch"):
+            EngineWorker(tiny_engine(), max_batch=4, max_queue=1, metrics=server_metrics(),
+                         join_group=bad)  # fmt: skip
+    assert EngineWorker(tiny_engine(), max_batch=16, max_queue=1,
+                        metrics=server_metrics()).join_group == 4  # fmt: skip
+
+
 # ------------------------------------------------ 4. sampling groups; fairness; seeded runs
 
 
