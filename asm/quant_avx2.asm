@@ -345,35 +345,9 @@ QMM_KERNEL Q5_0, fs_qmm_q5_0_avx2
 QMM_KERNEL Q4_KR, fs_qmm_q4_kr_avx2
 QMM_KERNEL Q6_KR, fs_qmm_q6_kr_avx2
 
-; fs_fma_probe_avx2(rounds  rdi): rounds x FMA_PROBE_CHAINS ymm FMAs in as many
-; independent chains, on zeros: one core's float32 multiply-add peak (see the AVX-512
-; file). Uses rdi and ymm0-ymm13 only (caller-saved); ends with vzeroupper.
+; fs_fma_probe_avx2(rounds  rdi): one core's float32 multiply-add peak (quant.inc's
+; FMA_PROBE): 12 chains in ymm2-13.
 %define FMA_PROBE_CHAINS 12             ; ext/quant.h FS_FMA_PROBE_CHAINS_AVX2
-%define FMA_PROBE_FIRST  2              ; ymm2 .. ymm13
-FS_FUNC fs_fma_probe_avx2
-    vxorps          ymm0, ymm0, ymm0
-    vxorps          ymm1, ymm1, ymm1
-%assign c 0
-%rep FMA_PROBE_CHAINS
-%assign z FMA_PROBE_FIRST + c
-    vxorps          ymm %+ z, ymm %+ z, ymm %+ z
-%assign c c + 1
-%endrep
-    test            rdi, rdi
-    jz              .done
-    align LOOP_ALIGN
-.round:
-%assign c 0
-%rep FMA_PROBE_CHAINS
-%assign z FMA_PROBE_FIRST + c
-    vfmadd231ps     ymm %+ z, ymm0, ymm1
-%assign c c + 1
-%endrep
-    dec             rdi
-    jnz             .round
-.done:
-    vzeroupper
-    ret
-FS_ENDFUNC
+FMA_PROBE fs_fma_probe_avx2, ymm, vxorps, 2, FMA_PROBE_CHAINS
 
 section .note.GNU-stack noalloc noexec nowrite progbits

@@ -313,37 +313,10 @@ QMM_KERNEL Q5_0, fs_qmm_q5_0_avx512
 QMM_KERNEL Q4_KR, fs_qmm_q4_kr_avx512
 QMM_KERNEL Q6_KR, fs_qmm_q6_kr_avx512
 
-; fs_fma_probe_avx512(rounds  rdi): rounds x FMA_PROBE_CHAINS zmm FMAs in as many
-; independent chains (more than FMA latency x FMA ports on any core that runs AVX-512),
-; on zeros (no denormals): the float32 multiply-add peak of one core, which bounds
-; what any exact kernel's rows cost (each x row needs its own multiply-add per weight).
-; Uses rdi and zmm0, zmm1, zmm16-31 only (caller-saved); ends with vzeroupper.
+; fs_fma_probe_avx512(rounds  rdi): the float32 multiply-add peak of one core (quant.inc's
+; FMA_PROBE): 16 chains, more than FMA latency x FMA ports on any core that runs AVX-512;
+; zmm16-31 (EVEX only: vzeroupper leaves them alone, none is callee-saved).
 %define FMA_PROBE_CHAINS 16             ; ext/quant.h FS_FMA_PROBE_CHAINS_AVX512
-%define FMA_PROBE_FIRST  16             ; zmm16 .. zmm31
-FS_FUNC fs_fma_probe_avx512
-    vpxord          zmm0, zmm0, zmm0
-    vpxord          zmm1, zmm1, zmm1
-%assign c 0
-%rep FMA_PROBE_CHAINS
-%assign z FMA_PROBE_FIRST + c
-    vpxord          zmm %+ z, zmm %+ z, zmm %+ z
-%assign c c + 1
-%endrep
-    test            rdi, rdi
-    jz              .done
-    align LOOP_ALIGN
-.round:
-%assign c 0
-%rep FMA_PROBE_CHAINS
-%assign z FMA_PROBE_FIRST + c
-    vfmadd231ps     zmm %+ z, zmm0, zmm1
-%assign c c + 1
-%endrep
-    dec             rdi
-    jnz             .round
-.done:
-    vzeroupper
-    ret
-FS_ENDFUNC
+FMA_PROBE fs_fma_probe_avx512, zmm, vpxord, 16, FMA_PROBE_CHAINS
 
 section .note.GNU-stack noalloc noexec nowrite progbits

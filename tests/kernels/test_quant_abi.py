@@ -182,18 +182,18 @@ MUTANTS = {
         {"avx512f", "avx2"},
     ),
     "FMA probe clobbers rbx (avx512)": (
-        "quant_avx512.asm",
+        "quant.inc",
         _sub(
-            "    dec             rdi\n    jnz             .round",
-            "    dec             rdi\n    mov ebx, edi\n    jnz             .round",
+            "    dec             rdi\n    jnz             %%round",
+            "    dec             rdi\n    mov ebx, edi\n    jnz             %%round",
         ),
         "avx512",
         "rbx clobbered",
         {"avx512f", "avx2"},
     ),
     "FMA probe without vzeroupper (avx2)": (
-        "quant_avx2.asm",
-        _sub("    vzeroupper\n    ret\nFS_ENDFUNC", "    ret\nFS_ENDFUNC"),
+        "quant.inc",
+        _sub("%%done:\n    vzeroupper\n    ret", "%%done:\n    ret"),
         "avx2",
         "vzeroupper",
         {"avx2", "fma", "f16c", "xgetbv1"},
