@@ -107,16 +107,9 @@ def lean_forward(
     if position_ids is None:
         seen = cache.get_seq_length()
         position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]
-    fused = self.__dict__.get("_flashspec_fused")
-    takes, keys = (False, None) if fused is None else _fused_mask(attention_mask, embeds, cache)
-    if takes:
-        # Quantized layers (flashspec.quant.decoder): every layer in one C call, the rows of
-        # a batch together; a padding mask (the ragged layout's dead columns) or a token
-        # tree's per-query mask goes with them.
-        hidden = embeds.clone(memory_format=torch.contiguous_format)  # written in place
-        cos, sin = self.rotary_emb(hidden, position_ids=position_ids)
-        if fused.step(cache, hidden, cos, sin, keys):
-            return t.result(last_hidden_state=self.norm(hidden), cache=cache)
+    normed = _fused_layers(self, embeds, position_ids, attention_mask, cache)
+    if normed is not None:
+        return t.result(last_hidden_state=normed, cache=cache)
     mask = t.causal_mask(
         config=self.config,
         inputs_embeds=embeds,
@@ -176,8 +169,9 @@ def lean_logits(
     head = getattr(model, "lm_head", None)
     if inner is None or head is None or keep < 1 or not is_lean(inner):
         return None
-    fused = inner.__dict__.get("_flashspec_fused")
-    if fused is None or model.training or torch.compiler.is_compiling():
+    if "_flashspec_fused" not in inner.__dict__ or model.training:
+        return None
+    if torch.compiler.is_compiling():
         return None
     if _hooked(model) or _hooked(inner) or _global_hooks():
         return None
@@ -185,15 +179,37 @@ def lean_logits(
     if positions is None:
         seen = cache.get_seq_length()
         positions = (torch.arange(int(ids.shape[1]), device=embeds.device) + seen)[None]
+    normed = _fused_layers(inner, embeds, positions, mask, cache)
+    if normed is None:
+        return None
+    logits: torch.Tensor = head(normed[:, -keep:, :])
+    return logits
+
+
+def _fused_layers(
+    decoder: Any,
+    embeds: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    cache: Any,
+) -> torch.Tensor | None:
+    """The final norm's output (B, n, dim) of ``decoder`` (a ``LlamaModel``) over ``embeds``
+    with its quantized layers in one C call (``flashspec.quant.decoder``), the rows of a batch
+    together, a padding mask (the ragged layout's dead columns) or a token tree's per-query
+    mask with them; None, the cache untouched, when it has no fused plan or the call is not
+    one the C step takes (the caller then runs the layers itself)."""
+    fused = decoder.__dict__.get("_flashspec_fused")
+    if fused is None:
+        return None
     takes, keys = _fused_mask(mask, embeds, cache)
     if not takes:
         return None
     hidden = embeds.clone(memory_format=torch.contiguous_format)  # written in place
-    cos, sin = inner.rotary_emb(hidden, position_ids=positions)
+    cos, sin = decoder.rotary_emb(hidden, position_ids=positions)
     if not fused.step(cache, hidden, cos, sin, keys):
         return None
-    logits: torch.Tensor = head(inner.norm(hidden)[:, -keep:, :])
-    return logits
+    normed: torch.Tensor = decoder.norm(hidden)
+    return normed
 
 
 def _fused_mask(
