@@ -159,8 +159,8 @@ def lean_logits(
     ``model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache,
     logits_to_keep=keep).logits`` holds, by the same operations in the same order (the lean
     forward's fused branch, then the head on the last ``keep`` positions), without the two
-    outer calls' plumbing (output records, keyword and deprecation wrappers): on a CPU that
-    plumbing was a few percent of a SmolLM2 step. The final norm and the head stay module
+    outer calls' plumbing (output records, keyword and deprecation wrappers), which on a CPU
+    is a measurable part of a small model's step. The final norm and the head stay module
     calls, so hooks on them fire. None, having changed nothing the caller reads, whenever
     the call is not one this path takes (hooks on the model or its decoder, the module path,
     training, tracing): the caller then runs the model. The caller sets torch's threads as

@@ -54,11 +54,10 @@ STREAM_ROWS_PER_SLOT = 64
 # engine's next round (``TokenStream.cancel``).
 #
 # A join reads the new rows' prompts in forwards of their own (the target's and each
-# drafter's) and copies the batch's caches to take them in: costs one row pays as much as
-# many (on the demo pair a 150-token prompt read alone cost 17 ms of the target's, 12 ms a row
-# four at a time). So while more jobs wait than the stream has room for (the stream stays full
-# either way), they join in groups of at least ``join_group`` rows rather than one a round as
-# rows finish; when every waiting job fits, they join at once.
+# drafter's) and copies the batch's caches to take them in: costs one row pays about as much
+# as several (docs/server-api.md). So while more jobs wait than the stream has room for (the
+# stream stays full either way), they join in groups of at least ``join_group`` rows rather
+# than one a round as rows finish; when every waiting job fits, they join at once.
 JOIN_GROUP_SHARE = 4
 """``join_group``'s default: a quarter of ``max_batch`` (at least 1)."""
 
