@@ -466,6 +466,13 @@ def accept_greedy(
     """
     best = argmax_last(target_logits)  # (B, g + 1)
     g = drafts.shape[1]
+    if g == 0:
+        # A plain round: every row emits its argmax. Most rounds of a workload that drafting
+        # does not pay for are these, and each torch call below costs more than the rule.
+        empty = best.new_zeros((best.shape[0], 0), dtype=torch.float64)
+        return Acceptance(
+            accepted=best.new_zeros(best.shape[0]), token=best[:, 0], probability=empty
+        )
     ok = _within(drafts == best[:, :g], lengths)
     accepted = _leading_run(ok)
     token = _at(best, _emit_position(accepted, ragged))

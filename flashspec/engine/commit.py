@@ -29,6 +29,8 @@ def append(
     ``token[b]`` and moves ``shifts[b]`` columns right, so that every row ends in the last column
     (the columns it moved over are padding; they repeat its first token)."""
     width = tokens.shape[1]
+    if drafts.shape[1] == 0:  # a plain round: one token a row, no row moves
+        return torch.cat([tokens, token.unsqueeze(1)], dim=1)
     device = tokens.device
     both = torch.cat([tokens, drafts, token.unsqueeze(1)], dim=1)
     ends = torch.tensor(counts, device=device).unsqueeze(1) + width

@@ -75,6 +75,12 @@ class _KVStore:
         self.array = self.buf.view(layers, 2, rows, kv_heads, capacity, head_dim).numpy()
         self.pointers = [self.buf[i].data_ptr() for i in range(2 * layers)]
         self.strides = (kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1)
+        self.bound: tuple[list[Any], int] | None = None
+        """What the last step left: per layer ``(layer, keys, values)`` (the store's prefix
+        views it set), and the columns they hold. While every layer still holds those very
+        tensors, they are the store's views and nothing needs checking: transformers' layers
+        and flashspec's layout only ever replace a layer's tensors (``cat``, slicing, index
+        selection), never resize them in place."""
 
 
 class FusedDecoder:
@@ -163,19 +169,32 @@ class FusedDecoder:
             if part is not hidden:
                 hidden[:, start:stop] = part
         views = store.buf[:, :, :, : past + m].unbind(0)
+        held = []
         for index, layer in enumerate(cache.layers):
-            layer.keys, layer.values = views[2 * index], views[2 * index + 1]
+            keys, values = views[2 * index], views[2 * index + 1]
+            layer.keys, layer.values = keys, values
+            held.append((layer, keys, values))
+        store.bound = (held, past + m)
         return True
 
     def _bind(self, cache: Any, batch: int, m: int) -> int | None:
         """The cached length after making the store hold every layer's keys and values for
         ``batch`` rows (with room for ``m`` more columns), or None when the cache is not one
         this path keeps."""
-        from ..kv.store import plain_layer_types
-
         layers: list[Any] = cache.layers
         if len(layers) != self.layers or getattr(cache, "offloading", False):
             return None
+        old: _KVStore | None = cache.__dict__.get(_STORE_ATTR)
+        bound = None if old is None or old.rows != batch else old.bound
+        if bound is not None and old is not None and bound[1] + m <= old.capacity:
+            held, past = bound
+            if all(
+                layer is was and layer.keys is keys and layer.values is values
+                for layer, (was, keys, values) in zip(layers, held, strict=True)
+            ):
+                return past  # every layer still holds the views the last step left
+        from ..kv.store import plain_layer_types
+
         plain = plain_layer_types()  # a store layer adopts the views it finds
         if any(type(layer) not in plain for layer in layers):
             return None
@@ -188,7 +207,6 @@ class FusedDecoder:
             return None
         first_keys: Any = layers[0].keys
         past = int(first_keys.shape[-2]) if first_keys.dim() == 4 else 0
-        old: _KVStore | None = cache.__dict__.get(_STORE_ATTR)
         store = old
         if store is None or store.rows != batch or store.capacity < past + m:
             # Grow geometrically: copies stay O(1) a position over a long generation. Rows that

@@ -197,6 +197,34 @@ def test_cache_lives_in_the_store_and_is_copied_back_after_another_path(
     assert counting.steps == 2 + len(sizes) - 1
 
 
+def test_a_layer_given_tensors_of_its_own_is_read_from_them_not_the_store(
+    files: Any, counting: Counting
+) -> None:
+    # A step that finds every layer holding the views the last step left trusts the store;
+    # one layer given tensors of its own (here copies, while the store's columns of that
+    # layer are wiped) must be copied back in, not read stale.
+    loaded = files(VARIANTS[1])
+    model, _ = loaded.quantized()
+    target = TargetModel("q", model=model, tokenizer=loaded.tokenizer)
+    vocab = loaded.reference.config.vocab_size
+    generator = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, vocab, (12,), generator=generator).tolist()
+    first, second = torch.randint(0, vocab, (2,), generator=generator).tolist()
+    pad = Padding(torch.zeros(1, dtype=torch.int64))
+    target.reset()
+    with torch.inference_mode():
+        target.forward(torch.tensor([prompt]), pad, 1)
+        target.forward(torch.tensor([[first]]), pad, 1)
+        store = target.cache.__dict__["_flashspec_kv"]
+        layer = target.cache.layers[-1]
+        layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        store.buf[-2:].zero_()
+        logits = target.forward(torch.tensor([[second]]), pad, 1)
+    want = reference_logits(loaded.reference, [*prompt, first, second], 1)
+    assert max_relative(logits, want) <= RELATIVE
+    assert counting.steps == 3
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_greedy_equals_dequantized_generate(
     variant: Variant, files: Any, counting: Counting
