@@ -122,18 +122,17 @@ class RowLayout:
         columns, attention mask or None)``."""
         assert self.alive is not None
         columns = torch.arange(count, device=device).unsqueeze(0)
+        base = torch.tensor(self.lengths, device=device).unsqueeze(1)
         trailing = tails is not None and any(tails)
         if not any(dead) and not trailing and self.dense:
             # Every row reads all the new columns after all of its own (a batch of one's
             # every round): what the general case below computes, in fewer calls.
-            base = torch.tensor(self.lengths, device=device).unsqueeze(1)
             new = torch.ones((len(self.lengths), count), dtype=torch.bool, device=device)
             return base + columns, new, None
         lead = torch.tensor(list(dead), device=device).unsqueeze(1)
         new = columns >= lead
         if trailing and tails is not None:
             new &= columns < count - torch.tensor(list(tails), device=device).unsqueeze(1)
-        base = torch.tensor(self.lengths, device=device).unsqueeze(1)
         positions = (base + columns - lead).clamp_min(0)
         mask = None
         if any(dead) or trailing or not self.dense:
