@@ -811,10 +811,12 @@ def smollm2_section(
 
 DRAFT_METHODS = (
     "hf_greedy", "hf_greedy_bf16", "hf_sample", "hf_sample_bf16",
-    "fs_draft", "fs_draft_tree", "fs_default", "fs_tree", "fs_lookup", "fs_sample",
-    "fs_tree_sample",
-    "fs_draft_bf16", "fs_draft_tree_bf16", "fs_default_bf16", "fs_tree_bf16", "fs_lookup_bf16",
-    "fs_sample_bf16", "fs_tree_sample_bf16",
+    "fs_draft", "fs_draft_tree", "fs_merged_tree", "fs_default", "fs_tree", "fs_lookup",
+    "fs_sample", "fs_tree_sample",
+    "fs_draft_bf16", "fs_draft_tree_bf16", "fs_merged_tree_bf16", "fs_default_bf16",
+    "fs_tree_bf16", "fs_lookup_bf16", "fs_sample_bf16", "fs_tree_sample_bf16",
+    "fs_draft_q", "fs_draft_tree_q", "fs_merged_tree_q", "fs_default_q", "fs_tree_q",
+    "fs_lookup_q", "fs_sample_q", "fs_tree_sample_q",
     "llamacpp",
 )  # fmt: skip
 
@@ -851,6 +853,14 @@ def smollm2_draft_section(data: dict[str, Any], with_card: bool = True) -> str:
             f"{tree.get('expand') or tree['top_k']} expanded a level; flashspec.trees); their "
             "acceptance is accepted tokens over tree nodes verified."
         )
+    if any(name.endswith("_q") for rows in data["summary"].values() for name in rows):
+        lines[0] += (
+            " Rows ending `_q` run the default load (`flashspec generate --target smollm2`: the "
+            "GGUF file's blocks through flashspec's quantized kernels, whose weights take "
+            "exactly their dequantized float32 values); they are measured against HF in "
+            "float32, and their identity is against HF float32 greedy. The other flashspec rows "
+            "dequantize the file (`--dtype float32` / `--dtype bfloat16`)."
+        )
     for workload, rows in data["summary"].items():
         lines += [
             "",
@@ -871,6 +881,10 @@ def smollm2_draft_section(data: dict[str, Any], with_card: bool = True) -> str:
                 f"{'' if accept is None else f'{accept:.2f}'} | "
                 f"{'' if per_round is None else f'{per_round:.2f}'} | {identity} |"
             )
+        ratios = _tree_ratios(rows)
+        if ratios:
+            lines += ["", "Tokens per round, the tree over the chain with the same draft: "
+                      + "; ".join(ratios) + "."]  # fmt: skip
     if card:
         held, chat, costs = card["held_out"], card.get("held_out_chat") or {}, card["costs"]
 
@@ -911,6 +925,21 @@ def smollm2_draft_section(data: dict[str, Any], with_card: bool = True) -> str:
     if measured:
         lines += ["", _costs_line(measured, s["gamma"], data["summary"])]
     return "\n".join(lines)
+
+
+def _tree_ratios(rows: dict[str, Any]) -> list[str]:
+    """``fs_draft_tree*`` over ``fs_draft*`` (the draft every round, tree against chain) and
+    ``fs_tree*`` over ``fs_default*``, in tokens per round, for each load the run has."""
+    out = []
+    for suffix in ("", "_bf16", "_q"):
+        pairs = (("fs_draft_tree", "fs_draft"), ("fs_merged_tree", "fs_draft"),
+                 ("fs_tree", "fs_default"), ("fs_tree_sample", "fs_sample"))  # fmt: skip
+        for tree, chain in pairs:
+            a = rows.get(tree + suffix, {}).get("tokens_per_round")
+            b = rows.get(chain + suffix, {}).get("tokens_per_round")
+            if a and b:
+                out.append(f"{tree}{suffix} / {chain}{suffix} {a / b:.2f}x")
+    return out
 
 
 def _untuned(cost: dict[str, Any]) -> str:

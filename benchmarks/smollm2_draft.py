@@ -22,6 +22,13 @@ Methods, run on each prompt one after another in a rotating order, after an unti
   temperature 0.7, top-p 0.95; flashspec with the default engine. Speedups of sampled runs are
   ratios of tokens per second (the answers differ; their distribution is the target's, which
   the chi-squared tests check);
+- with ``--tree``: ``fs_draft_tree`` (the draft every round, a token tree of that shape),
+  ``fs_merged_tree`` (the draft's tree and prompt lookup's merged into one,
+  ``--drafter model+prompt-lookup``), ``fs_tree`` and ``fs_tree_sample`` (the default engine
+  with trees);
+- ``_q`` rows (unless ``--no-gguf``): the same engines on the default load, the GGUF file's
+  blocks through flashspec's quantized kernels (exactly the dequantized float32 weights),
+  measured against HF float32;
 - ``llamacpp``: llama.cpp on the same GGUF and token ids, greedy, when ``llama_cpp`` imports.
 
 HF assisted generation is not among them: the shipped draft reads the target's hidden states,
@@ -79,6 +86,9 @@ CHAT_PROMPTS = (
     "How can I speed up a slow SQL query?",
 )
 SAMPLING = {"temperature": 0.7, "top_p": 0.95}
+SUFFIX = {"float32": "", "bfloat16": "_bf16", "gguf": "_q"}
+"""Method-name suffix per load: float32 and bfloat16 dequantize the file, gguf keeps its
+blocks (the default engine, ``flashspec.quant``)."""
 GREEDY_METHODS = ("fs_draft", "fs_default")
 SAMPLED = ("hf_sample", "fs_sample")
 
@@ -98,10 +108,12 @@ class Methods:
         self.engines: dict[str, Any] = {}
         self.models: dict[str, Any] = {}
         self.flags: dict[str, str] = {}
-        for dtype in dtypes:
-            suffix = "" if dtype == "float32" else "_bf16"
+        for load in dtypes:
+            # "gguf": the default load (the file's blocks), whose outputs are float32's.
+            suffix = SUFFIX[load]
+            dtype = "auto" if load == "gguf" else load
             base = "flashspec generate --target smollm2"
-            dflag = "" if dtype == "float32" else " --dtype bfloat16"
+            dflag = {"float32": " --dtype float32", "bfloat16": " --dtype bfloat16"}.get(load, "")
             builds = {
                 "fs_draft": (EngineOptions(target="smollm2", drafter="model", gamma=gamma,
                                            dtype=dtype), f"{base} --drafter model --gamma {gamma}"),
@@ -117,6 +129,11 @@ class Methods:
                 builds["fs_draft_tree"] = (EngineOptions(target="smollm2", drafter="model",
                                            gamma=gamma, dtype=dtype, tree=str(tree)),
                                            f"{base} --drafter model --gamma {gamma}{shape}")
+                builds["fs_merged_tree"] = (EngineOptions(target="smollm2",
+                                            drafter="model+prompt-lookup", gamma=gamma,
+                                            dtype=dtype, tree=str(tree)),
+                                            f"{base} --drafter model+prompt-lookup --gamma "
+                                            f"{gamma}{shape}")
                 builds["fs_tree"] = (EngineOptions(target="smollm2", dtype=dtype, tree=str(tree)),
                                      base + shape)
                 builds["fs_tree_sample"] = (EngineOptions(target="smollm2", dtype=dtype, seed=0,
@@ -125,7 +142,8 @@ class Methods:
             for name, (options, flag) in builds.items():
                 self.engines[name + suffix] = options.build()
                 self.flags[name + suffix] = flag + dflag
-            self.models[dtype] = self.engines["fs_default" + suffix].target.model
+            if load != "gguf":
+                self.models[load] = self.engines["fs_default" + suffix].target.model
         first = self.engines[next(iter(self.engines))]
         self.tokenizer = first.tokenizer
         self.eos = list(first.target.eos_token_ids)
@@ -150,7 +168,7 @@ class Methods:
 
     def names(self) -> list[str]:
         hf = ("hf_greedy", "hf_greedy_bf16", "hf_sample", "hf_sample_bf16")
-        out = [m for m in hf if ("bfloat16" if m.endswith("_bf16") else "float32") in self.models]
+        out = [m for m in hf if reference_dtype(m) in self.models]
         return out + list(self.engines) + (["llamacpp"] if self.llama is not None else [])
 
     def run(self, method: str, ids: list[int], n: int) -> dict[str, Any]:
@@ -167,7 +185,7 @@ class Methods:
             elif method == "llamacpp":
                 tokens = self._llamacpp(ids, n)
             else:
-                model = self.models["bfloat16" if method.endswith("_bf16") else "float32"]
+                model = self.models[reference_dtype(method)]
                 sample = method.startswith("hf_sample")
                 with untuned(model), torch.inference_mode():  # HF's own linear layers
                     out = model.generate(
@@ -217,10 +235,10 @@ def needed_acceptance(goal: float, round_cost: float, gamma: int) -> float | Non
 
 @torch.inference_mode()
 def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[str, Any]]:
-    """Per dtype: the target's one-token step, its (gamma + 1)-token verify and the draft's
-    one-token step (ms, medians, timed alternately on caches cropped back each time); a
-    round's cost in target steps (verify + gamma drafts) and the acceptance each of ``GOALS``
-    needs at that cost."""
+    """Per load (float32, bfloat16, gguf): the target's one-token step, its (gamma + 1)-token
+    verify and the draft's one-token step (ms, medians, timed alternately on caches cropped
+    back each time); a round's cost in target steps (verify + gamma drafts) and the
+    acceptance each of ``GOALS`` needs at that cost."""
     out: dict[str, dict[str, Any]] = {}
     for name, engine in methods.engines.items():
         if not name.startswith("fs_draft"):
@@ -260,8 +278,8 @@ def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[s
             draft_ms.append((time.perf_counter() - start) * 1e3)
         t, v, d = (statistics.median(x) for x in (target_ms, verify_ms, draft_ms))
         round_cost = v / t + gamma * d / t
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        out[dtype] = {
+        load = "gguf" if name.endswith("_q") else reference_dtype(name)
+        out[load] = {
             "target_step_ms": round(t, 3), "verify_ms": round(v, 3), "draft_step_ms": round(d, 3),
             "draft_over_target": round(d / t, 4), "verify_over_target": round(v / t, 4),
             "round_over_target": round(round_cost, 4),
@@ -271,9 +289,16 @@ def step_costs(methods: Methods, ids: list[int], gamma: int) -> dict[str, dict[s
     return out
 
 
+def reference_dtype(method: str) -> str:
+    """The dtype of the HF model a method is measured against: the quantized load's weights
+    take exactly their dequantized float32 values (and its greedy output is float32's)."""
+    return "bfloat16" if method.endswith("_bf16") else "float32"
+
+
 def baseline(method: str) -> str:
     """What a method's speedup is measured against: HF of the same dtype and decoding."""
-    kind = "hf_sample" if method.endswith(("sample", "sample_bf16")) else "hf_greedy"
+    stem = method.removesuffix("_bf16").removesuffix("_q")
+    kind = "hf_sample" if stem.endswith("sample") else "hf_greedy"
     return kind + ("_bf16" if method.endswith("_bf16") else "")
 
 
@@ -292,7 +317,7 @@ def measure(methods: Methods, chosen: list[ChatRequest], n: int) -> list[dict[st
             base = runs[baseline(name)]
             run["speedup"] = run["tokens_per_second"] / base["tokens_per_second"]
             if "sample" not in name and not name.startswith("hf_"):
-                model = methods.models["bfloat16" if name.endswith("_bf16") else "float32"]
+                model = methods.models[reference_dtype(name)]
                 verdict = compare_greedy(model, ids, run["tokens"], base["tokens"])
                 run["identity"] = verdict.status
         records.append({"id": request.id, "workload": request.workload,
@@ -339,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{len(CHAT_PROMPTS)})")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--no-bf16", action="store_true", help="float32 only")
+    parser.add_argument("--no-bf16", action="store_true", help="no bfloat16 engines")
+    parser.add_argument("--no-gguf", action="store_true",
+                        help="no engines on the default load (the GGUF file's blocks, '_q')")
     parser.add_argument("--tree", type=TreeShape.parse, default=None, metavar="DEPTH,NODES,TOP_K",
                         help="also run the engines with token trees of this shape "
                         "(fs_draft_tree, fs_tree, fs_tree_sample)")  # fmt: skip
@@ -352,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     began = time.perf_counter()
     machine = machine_info()  # the load average at the start (write_json adds the end's)
-    dtypes = ("float32",) if args.no_bf16 else ("float32", "bfloat16")
+    dtypes = ("float32",) + (() if args.no_bf16 else ("bfloat16",))
+    dtypes += () if args.no_gguf else ("gguf",)
     methods = Methods(args.gamma, dtypes, args.tree)
     if not args.quick:
         methods.setup_llamacpp()

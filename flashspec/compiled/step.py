@@ -9,6 +9,11 @@ after every real token, so no real token sees them, and the next forward writes 
 slightly longer one runs as several; anything longer (prefill) runs eager on the same buffers
 with the same mask.
 
+A token tree (``tree``) is one more kind of forward: its new columns see each other as a
+boolean ``block`` (count, count) says (a node its ancestors and itself), every column before
+them as a chain's do. Its graphs, one per padded node count (``tree_lengths``), are a compiled
+copy of their own, so that a chain's graphs and guards never see a block.
+
 Compiling is counted: ``compile_seconds`` (first calls of each shape), ``graphs`` (shapes
 compiled) and ``recompiles`` (a shape compiled again after its first call, which should never
 happen; ``FLASHSPEC_COMPILE_DEBUG=1`` makes it an error and logs dynamo's reasons).
@@ -67,7 +72,9 @@ class CompiledForward:
 
     Attributes:
         compile_seconds: seconds spent in the first call of each compiled shape.
-        graphs: the (rows, tokens, capacity) shapes compiled.
+        graphs: the (rows, tokens, capacity) shapes compiled for chains.
+        tree_lengths: token counts a tree's forward is compiled for (``compile_trees``).
+        tree_graphs: the (rows, tokens, capacity) shapes compiled for trees.
         recompiles: compiles of a shape after its first call.
         failed: why compiling was given up (the forward then runs eager), or None.
         compiled_calls, eager_calls: forwards run each way.
@@ -97,8 +104,16 @@ class CompiledForward:
         self._compiled: Callable[..., torch.Tensor] = torch.compile(
             types.MethodType(step, self), fullgraph=True, dynamic=False, mode=mode
         )
+        tree_step = types.FunctionType(
+            CompiledForward._tree_step.__code__.replace(), CompiledForward._tree_step.__globals__
+        )
+        self._tree_compiled: Callable[..., torch.Tensor] = torch.compile(
+            types.MethodType(tree_step, self), fullgraph=True, dynamic=False, mode=mode
+        )
+        self.tree_lengths: list[int] = []
         self.compile_seconds = 0.0
         self.graphs: set[tuple[int, int, int]] = set()
+        self.tree_graphs: set[tuple[int, int, int]] = set()
         self.recompiles = 0
         self.failed: str | None = None
         self.compiled_calls = 0
@@ -140,11 +155,59 @@ class CompiledForward:
         logits = self._run(ids, positions, start, cache, capacity)
         return logits[:, :count]
 
+    def compile_trees(self, nodes: int) -> None:
+        """Compile token trees of up to ``nodes`` nodes (plus the newest committed token
+        before them): a smaller tree is padded up to that count, one graph per capacity."""
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes}")
+        self.tree_lengths = sorted({*self.tree_lengths, nodes + 1})
+
+    def tree(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        cache: Any,
+        block: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits (1, k, V) of a token tree's forward: ``ids`` (1, k) at ``positions``, written
+        from column ``start``; query i sees every column before ``start`` and new column j
+        where ``block[i, j]`` (a (k, k) boolean: its ancestors and itself)."""
+        capacity = static_capacity(cache)
+        if capacity is None:
+            raise TypeError("CompiledForward needs a static cache (flashspec.compiled.static)")
+        count = ids.shape[1]
+        length = next((n for n in self.tree_lengths if n >= count), None)
+        fits = length is not None and start + length <= capacity
+        if self.failed is not None or not initialized(cache) or not fits:
+            return self._eager(ids, positions, start, cache, capacity, block)
+        assert length is not None
+        if length > count:
+            # Padding queries come after every real one and no real query sees them; their
+            # columns are cut with the tree's other nodes.
+            extra = length - count
+            ids = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
+            steps = torch.arange(1, extra + 1, device=positions.device).unsqueeze(0)
+            positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+            padded = torch.ones((length, length), dtype=torch.bool, device=block.device).tril()
+            padded[:count, :count] = block
+            padded[:count, count:] = False
+            block = padded
+        logits = self._run(ids, positions, start, cache, capacity, block)
+        return logits[:, :count]
+
     def _run(
-        self, ids: torch.Tensor, positions: torch.Tensor, start: int, cache: Any, capacity: int
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        cache: Any,
+        capacity: int,
+        block: torch.Tensor | None = None,
     ) -> torch.Tensor:
         shape = (ids.shape[0], ids.shape[1], capacity)
-        first = shape not in self.graphs
+        seen = self.graphs if block is None else self.tree_graphs
+        first = shape not in seen
         self._check_model()
         before = _graph_count()
         began = time.perf_counter()
@@ -155,7 +218,12 @@ class CompiledForward:
         threads = torch_threads(self._threads) if self._threads else contextlib.nullcontext()
         try:
             with threads:
-                logits = self._call_compiled(first, ids, positions, where, cache)
+                if block is None:
+                    logits = self._call_compiled(first, ids, positions, where, cache)
+                else:
+                    logits = self._call_compiled(
+                        first, ids, positions, where, cache, _dense(block)
+                    )
         except Exception as exc:  # any compiler failure leaves the eager path
             if isinstance(exc, RecompileError):
                 raise
@@ -165,16 +233,19 @@ class CompiledForward:
                 self.name,
                 self.failed,
             )
-            return self._eager(ids, positions, start, cache, capacity)
+            return self._eager(ids, positions, start, cache, capacity, block)
         self.compiled_calls += 1
         if first:
-            self.graphs.add(shape)
+            seen.add(shape)
             seconds = time.perf_counter() - began
             self.compile_seconds += seconds
             LOG.info(
-                "flashspec: compiled %s for %d row(s) x %d token(s), %d columns in %.1f s",
+                "flashspec: compiled %s for %d row(s) x %d token(s)%s, %d columns in %.1f s",
                 self.name,
-                *shape,
+                shape[0],
+                shape[1],
+                "" if block is None else " of a tree",
+                shape[2],
                 seconds,
             )
         elif _graph_count() != before:
@@ -190,15 +261,16 @@ class CompiledForward:
 
     def _call_compiled(
         self, first: bool, ids: torch.Tensor, positions: torch.Tensor, where: torch.Tensor,
-        cache: Any,
+        cache: Any, *block: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
+        compiled = self._tree_compiled if block else self._compiled
         if first:
-            return self._compiled(ids, positions, where, cache)
+            return compiled(ids, positions, where, cache, *block)
         # Every input is built here with the shapes, dtypes and strides of the graph's first
         # call, and the model is checked above (``_check_model``), so only the guards that tell
         # this model's graphs apart need to run: a full evaluation costs up to a millisecond.
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return self._compiled(ids, positions, where, cache)
+            return compiled(ids, positions, where, cache, *block)
 
     def _check_model(self) -> None:
         """The graphs were compiled for the model's parameters as they were; a model moved to
@@ -214,7 +286,13 @@ class CompiledForward:
             )
 
     def _eager(
-        self, ids: torch.Tensor, positions: torch.Tensor, start: int, cache: Any, capacity: int
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        cache: Any,
+        capacity: int,
+        block: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self.eager_calls += 1
         if start + ids.shape[1] > capacity:
@@ -223,15 +301,39 @@ class CompiledForward:
                 f"fit a static cache of {capacity} columns"
             )
         where = torch.tensor(start, dtype=torch.int64, device=ids.device)
+        if block is not None:
+            return self._tree_step(ids, positions, where, cache, block)
         return self._step(ids, positions, where, cache)
 
     def _step(
         self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        for layer in cache.layers:
-            layer.cumulative_length.copy_(start)  # where this forward writes
         capacity = cache.layers[0].max_cache_len
         mask = causal_mask(start, ids.shape[1], capacity, ids.device)
+        return self._forward(ids, positions, start, cache, mask)
+
+    def _tree_step(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: torch.Tensor,
+        cache: Any,
+        block: torch.Tensor,
+    ) -> torch.Tensor:
+        capacity = cache.layers[0].max_cache_len
+        mask = tree_mask(start, block, capacity)
+        return self._forward(ids, positions, start, cache, mask)
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: torch.Tensor,
+        cache: Any,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        for layer in cache.layers:
+            layer.cumulative_length.copy_(start)  # where this forward writes
         mask = mask.expand(ids.shape[0], -1, -1, -1)
         if self._additive:
             dtype = next(self.model.parameters()).dtype
@@ -253,6 +355,18 @@ def causal_mask(
     columns = torch.arange(capacity, device=device).unsqueeze(0)
     query = (start + torch.arange(count, device=device)).unsqueeze(1)
     return (columns <= query)[None, None]
+
+
+def tree_mask(start: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The (1, 1, count, capacity) boolean mask of a token tree's forward of ``count`` tokens
+    written from column ``start``: query i sees every column before ``start``, and column
+    ``start + j`` where ``block[i, j]``; nothing after the tree."""
+    count = block.shape[0]
+    columns = torch.arange(capacity, device=block.device)
+    offset = columns - start  # (capacity,): a column's place among the tree's, if it is one
+    inside = (offset >= 0) & (offset < count)
+    picked = block.index_select(1, offset.clamp(0, count - 1))  # (count, capacity)
+    return ((columns < start).unsqueeze(0) | (inside.unsqueeze(0) & picked))[None, None]
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

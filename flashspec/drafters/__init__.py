@@ -5,6 +5,7 @@
 - ``model``: ``ModelDrafter``, a small causal LM on its own cache;
 - ``lookup``: ``PromptLookupDrafter``, n-gram lookup in the row's own text;
 - ``features``: ``FeatureDrafter``, a draft that reads the target's hidden states;
+- ``merged``: ``MergedDrafter``, two drafters' token trees verified as one;
 - ``shared_head``: draft models that share the target's embedding and head;
 - ``registry``: drafters by name (``load_drafters``) and the default ones (``default_drafters``).
 
@@ -29,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "pick_draft": ".model",
     "PromptLookupDrafter": ".lookup",
     "FeatureDrafter": ".features",
+    "MergedDrafter": ".merged",
     "PROMPT_LOOKUP_NAMES": ".registry",
     "default_drafters": ".registry",
     "load_drafters": ".registry",
@@ -39,6 +41,7 @@ __all__ = [
     "DraftContext",
     "Drafter",
     "FeatureDrafter",
+    "MergedDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
     "Proposal",
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     from .base import DraftContext, Drafter, Proposal, tree_depth, with_temperature
     from .features import FeatureDrafter
     from .lookup import PromptLookupDrafter
+    from .merged import MergedDrafter
     from .model import ModelDrafter, RowStops, pick_draft
     from .registry import PROMPT_LOOKUP_NAMES, default_drafters, load_drafters
 

@@ -89,6 +89,10 @@ def compile_models(engine: SpeculativeEngine, long_lived: bool) -> CompileDecisi
         if bandit.plain:
             lengths.add(1)  # (the batch policy's plain rounds have several rows: eager)
         engine.target.compile_steps(sorted(lengths))
+        tree = engine.config.tree
+        if tree is not None and engine.target.compiled is not None:
+            # A tree's forward is one graph of its own, padded up to the shape's node count.
+            engine.target.compiled.compile_trees(tree.nodes)
         for lm in lms:
             lm.compile_steps([1])
         if engine.throughput is not None:

@@ -88,8 +88,10 @@ def draft_tree(
     first reading of the generation, or (None, 0.0): a chain round."""
     index = choice.arm.drafter
     drafter = None if index is None else engine.drafters[index]
+    compiled = engine.target.compiled
+    eager_only = engine.compiled.on and (compiled is None or not compiled.tree_lengths)
     shape = tree_shape(engine.config.tree, gen, drafter, choice.gamma, engine.target,
-                       engine.compiled.on)  # fmt: skip
+                       eager_only)  # fmt: skip
     if shape is None or drafter is None or index is None:
         return None, 0.0
     began = time.perf_counter()

@@ -38,13 +38,14 @@ def tree_shape(
     drafter: Drafter | None,
     gamma: int,
     target: TargetModel,
-    compiled: bool,
+    eager_only: bool,
 ) -> TreeShape | None:
     """The tree a round drafts (``gamma`` levels at most), or None: a chain round. Trees
-    need one row, a target whose rows keep their own columns, the eager path, greedy or
-    rejection sampling, and no per-round logit changes (penalties, grammars), whose
-    adjustments follow one chain of drafts."""
-    if shape is None or drafter is None or gamma <= 0 or compiled:
+    need one row, a target whose rows keep their own columns, a path that verifies trees
+    (``eager_only``: a compiled target without tree graphs does not), greedy or rejection
+    sampling, and no per-round logit changes (penalties, grammars), whose adjustments follow
+    one chain of drafts."""
+    if shape is None or drafter is None or gamma <= 0 or eager_only:
         return None
     if len(gen.live) != 1 or gen.joining or target.rows is None:
         return None

@@ -25,6 +25,9 @@ from typing import Any, Literal
 from ..legacy import earlier_flags
 from . import argtypes
 
+MERGED = "model+prompt-lookup"
+"""The ``--drafter`` that verifies a draft model's token tree and prompt lookup's as one."""
+
 
 class UserError(Exception):
     """A problem the user can fix; the command prints it as one line (exit status 2)."""
@@ -39,7 +42,9 @@ class EngineOptions:
 
     target: str = "demo"
     draft: str | None = None
-    drafter: str | None = None  # "model", "prompt-lookup" or None (the default for the target)
+    # "model", "prompt-lookup", MERGED (the two drafters' token trees merged into one a round:
+    # needs ``tree``) or None (the default for the target)
+    drafter: str | None = None
     gamma: int = 4
     adaptive: bool = False
     selector: str = "model"
@@ -92,12 +97,14 @@ class EngineOptions:
         EngineOptions.add_model_arguments(parser)
         parser.add_argument(
             "--drafter",
-            choices=("model", "prompt-lookup"),
+            choices=("model", "prompt-lookup", MERGED),
             default=None,
             help="'prompt-lookup' drafts by copying n-grams from the context every round, "
-            "--gamma tokens (no draft model). Without --draft or --drafter, a target other "
-            "than the demo drafts by prompt lookup only in rounds where the throughput model "
-            "expects it to pay, with the draft length it picks, and decodes plainly otherwise",
+            "--gamma tokens (no draft model). 'model+prompt-lookup' verifies the draft model's "
+            "token tree and prompt lookup's in one tree a round (needs --tree). Without --draft "
+            "or --drafter, a target other than the demo drafts by prompt lookup only in rounds "
+            "where the throughput model expects it to pay, with the draft length it picks, and "
+            "decodes plainly otherwise",
         )
         parser.add_argument(
             "--adaptive",
@@ -202,7 +209,7 @@ class EngineOptions:
                 flashspec cannot run exactly, vocabulary mismatch.
         """
         from ..config import BanditConfig, FlashSpecConfig, SamplingConfig
-        from ..drafters import PromptLookupDrafter, default_drafters, load_drafters
+        from ..drafters import MergedDrafter, PromptLookupDrafter, default_drafters, load_drafters
         from ..engine import SpeculativeEngine
         from ..loading.drafts import (
             bundled_draft,
@@ -218,6 +225,12 @@ class EngineOptions:
             raise UserError(
                 "--drafter prompt-lookup needs no draft model; drop --draft or --drafter"
             )
+        if self.drafter == MERGED and self.tree is None:
+            raise UserError(
+                f"--drafter {MERGED} merges the two drafters' token trees; add --tree "
+                "DEPTH,NODES,TOP_K (e.g. --tree 4,24,6), or use --drafter model"
+            )
+        model_drafter = self.drafter in ("model", MERGED)
         # Without --draft/--drafter the engine gets the default selection (default_bandit):
         # its drafters and plain decoding, chosen every round by measured pay. A target
         # without a draft model adds prompt lookup (on SmolLM2 fixed-length lookup was slower
@@ -264,8 +277,10 @@ class EngineOptions:
             and self.drafter != "prompt-lookup"
             and bundled_draft(self.target) is not None
         )
-        if draft is None and self.drafter == "model" and not shipped:
-            raise UserError("--drafter model needs --draft PATH (a draft model for this target)")
+        if draft is None and model_drafter and not shipped:
+            raise UserError(
+                f"--drafter {self.drafter} needs --draft PATH (a draft model for this target)"
+            )
         check_model_name(self.target, "--target")
         if draft is not None and not is_shared_head_folder(draft):
             check_model_name(draft, "--draft")
@@ -288,10 +303,10 @@ class EngineOptions:
                                             device=config.device, dtype=config.dtype)  # fmt: skip
         elif shipped:
             drafter = bundled_drafter(self.target, target)
-            if drafter is None and self.drafter == "model":
+            if drafter is None and model_drafter:
                 raise UserError(
-                    f"--drafter model: the draft shipped for {self.target!r} does not fit this "
-                    "model file; pass --draft PATH"
+                    f"--drafter {self.drafter}: the draft shipped for {self.target!r} does not "
+                    "fit this model file; pass --draft PATH"
                 )
             drafters += [drafter] if drafter is not None else []
         for name in [] if default else names:
@@ -300,6 +315,8 @@ class EngineOptions:
                     drafters.append(shared_head_drafter(name, target))
                 else:
                     drafters += load_drafters([name], device=config.device, dtype=config.dtype)
+        if self.drafter == MERGED:
+            drafters = [MergedDrafter(drafters[0], PromptLookupDrafter())]
         if not default and (not drafters or adaptive):
             drafters.append(PromptLookupDrafter())
         if adaptive or defaults:

@@ -217,6 +217,11 @@ class CausalLM:
                 ids = torch.zeros((1, n), dtype=torch.int64, device=device)
                 positions = torch.arange(start, start + n, device=device)[None]
                 self.compiled(ids, positions, start, cache)
+            for n in self.compiled.tree_lengths:
+                ids = torch.zeros((1, n), dtype=torch.int64, device=device)
+                positions = torch.arange(start, start + n, device=device)[None]
+                block = torch.ones((n, n), dtype=torch.bool, device=device).tril()
+                self.compiled.tree(ids, positions, start, cache, block)
 
     @property
     def static(self) -> bool:
@@ -385,17 +390,20 @@ class CausalLM:
         forward (positions by depth; each node sees the committed columns and its ancestors);
         return (1, N + 1, V) logits: entry 0 after the newest committed token, entry i + 1
         after node i. ``keep_path`` then keeps the accepted nodes' columns. Needs the ragged
-        layout (``shiftable``) and a batch of one."""
+        layout (``shiftable``) and a batch of one. On the compiled path the tree runs on the
+        static cache (``CompiledForward.tree``), whose columns are all alive."""
         rows = self.rows
         if rows is None or tokens.shape[0] != 1:
             raise RuntimeError(f"{self.name}: a token tree needs a shiftable model, one row")
-        self._leave_static()
         device = tokens.device
         if rows.alive is None:
             rows.start(1, device)
         assert rows.alive is not None
-        if rows.width == 0:
-            self.cache = new_cache(self.model)
+        static = self.kv.static and self.compiled is not None and bool(rows.alive.all())
+        if not static:
+            self._leave_static()
+            if rows.width == 0:
+                self.cache = new_cache(self.model)
         pending = tokens.shape[1] - padding.lefts[0] - rows.lengths[0]  # >= 1: the newest
         n = tree.size
         ids = torch.cat([tokens[:, tokens.shape[1] - pending :], tree.tokens.view(1, n)], dim=1)
@@ -413,10 +421,16 @@ class CausalLM:
         block[:pending, :pending] = torch.ones((pending, pending), dtype=torch.bool).tril()
         block[pending:, :pending] = True
         block[pending:, pending:] = tree.ancestor_mask(device)
-        dtype = _activation_dtype(self.model)
-        mask = torch.zeros(seen.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~seen, torch.finfo(dtype).min)
-        logits = self._call(ids, positions, mask.view(1, 1, *seen.shape), n + 1)
+        if static:
+            assert self.compiled is not None
+            with self._span:
+                scores = self.compiled.tree(ids, positions, rows.width, self.cache, block)
+            logits = scores[:, -(n + 1) :]
+        else:
+            dtype = _activation_dtype(self.model)
+            mask = torch.zeros(seen.shape, dtype=dtype, device=device)
+            mask.masked_fill_(~seen, torch.finfo(dtype).min)
+            logits = self._call(ids, positions, mask.view(1, 1, *seen.shape), n + 1)
         rows.append(torch.ones((1, count), dtype=torch.bool, device=device), [count])
         self.cached = rows.width
         self._tree_nodes = (rows.width - n, n)

@@ -65,3 +65,26 @@ class OracleTrees(Drafter):
         true_path = tree.path(parent) if parent >= 0 else []
         self.moved += true_path != list(range(len(true_path)))
         return tree
+
+
+class FixedShapeTrees(Drafter):
+    """Deterministic trees whose tokens depend only on the context: the same two-level
+    shape each round (3 children of the root, 2 under each), children the tokens after the
+    row's last token in a fixed table over ``vocab`` ids."""
+
+    name = "fixed"
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
+        return Proposal(ctx.tokens[:, -1:].clone())
+
+    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        last, vocab = int(ctx.tokens[0, -1]), self.vocab
+        builder = TreeBuilder()
+        for rank in range(3):
+            node = builder.add(-1, (last * 5 + rank * 7) % vocab)
+            for sub in range(2):
+                builder.add(node, (last + rank * 3 + sub * 4 + 1) % vocab)
+        return builder.build()

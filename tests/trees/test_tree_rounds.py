@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from flashspec import FlashSpecConfig, SamplingConfig, SpeculativeEngine, TargetModel
-from flashspec.drafters import DraftContext, Drafter, Proposal
+from flashspec.drafters import Drafter
 from flashspec.models import Padding
 from flashspec.sampling import Warper
 from flashspec.trees import TokenTree, TreeBuilder, TreeShape
 from tests.helpers.chi2 import chi_squared
 from tests.helpers.models import build_char_tokenizer, build_llama
-from tests.helpers.trees import OracleTrees
+from tests.helpers.trees import FixedShapeTrees, OracleTrees
 
 TIE = 1e-4
 MAX_NEW = 24
@@ -164,31 +164,12 @@ def small_target() -> Any:
     return build_llama(10, vocab_size=VOCAB, layers=1, hidden=32, init_range=0.15)
 
 
-class FixedShapeTrees(Drafter):
-    """Deterministic trees whose tokens depend only on the context: the same two-level
-    shape each round, children the tokens after the row's last token in a fixed table."""
-
-    name = "fixed"
-
-    def propose(self, ctx: DraftContext, gamma: int) -> Proposal:
-        return Proposal(ctx.tokens[:, -1:].clone())
-
-    def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
-        last = int(ctx.tokens[0, -1])
-        builder = TreeBuilder()
-        for rank in range(3):
-            node = builder.add(-1, (last * 5 + rank * 7) % VOCAB)
-            for sub in range(2):
-                builder.add(node, (last + rank * 3 + sub * 4 + 1) % VOCAB)
-        return builder.build()
-
-
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_sampled_tree_rounds_follow_the_target(temperature: float, top_p: float) -> None:
     model = small_target()
     sampling = SamplingConfig(gamma=2, temperature=temperature, top_p=top_p)
     config = FlashSpecConfig(sampling=sampling, tree=TreeShape(depth=2, nodes=9, top_k=3))
-    engine = SpeculativeEngine(config, [FixedShapeTrees()], TargetModel(model=model))
+    engine = SpeculativeEngine(config, [FixedShapeTrees(VOCAB)], TargetModel(model=model))
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     for call in range(600):
