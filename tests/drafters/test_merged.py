@@ -109,25 +109,40 @@ def test_merging_checks_its_drafters() -> None:
 
 
 def test_merged_trees_equal_target_generate() -> None:
-    """A model draft's trees merged with prompt lookup's tries on text that repeats."""
-    target, draft = models("loopy")
+    """A features draft's EAGLE-2 trees merged with prompt lookup's tries, on a target whose
+    text repeats (lookup hits): greedy identity, and many rounds verify nodes of both."""
+    from flashspec.drafters import FeatureDrafter
+    from flashspec.drafters.shared_head import build_shared_head_draft
+
+    target, _ = models("loopy")
+    torch.manual_seed(3)
+    vocab = int(target.config.vocab_size)
+    draft = build_shared_head_draft(target, list(range(vocab)), layers=1, reads="features")
     config = FlashSpecConfig(sampling=SamplingConfig(gamma=SHAPE.depth), tree=SHAPE)
-    merged = MergedDrafter(ModelDrafter(draft, name="draft"), PromptLookupDrafter())
+    features = FeatureDrafter(draft.eval())
+    merged = MergedDrafter(features, PromptLookupDrafter())
     engine = SpeculativeEngine(
         config, [merged], TargetModel("tiny", model=target, tokenizer=tokenizer())
     )
-    sizes: list[int] = []
-    propose_tree = merged.propose_tree
+    sizes: list[tuple[int, int]] = []  # per tree round: the draft's tree, the merged tree
+    first_tree, merged_tree = features.propose_tree, merged.propose_tree
 
-    def spy(ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
-        tree = propose_tree(ctx, shape)
-        sizes.append(0 if tree is None else tree.size)
+    def first_spy(ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        tree = first_tree(ctx, shape)
+        sizes.append((0 if tree is None else tree.size, 0))
         return tree
 
-    merged.propose_tree = spy  # type: ignore[method-assign]
+    def merged_spy(ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
+        tree = merged_tree(ctx, shape)
+        sizes[-1] = (sizes[-1][0], 0 if tree is None else tree.size)
+        return tree
+
+    features.propose_tree = first_spy  # type: ignore[method-assign]
+    merged.propose_tree = merged_spy  # type: ignore[method-assign]
     for prompt in PROMPTS:
         check_equal("loopy", prompt, engine.generate(prompt, 32).tokens[0])
-    assert sum(size > SHAPE.depth for size in sizes) > 5, "too few trees held both drafters'"
+    both = sum(merged > first > 0 for first, merged in sizes)
+    assert both > 10, f"only {both} of {len(sizes)} trees held both drafters' nodes"
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
