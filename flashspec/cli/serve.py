@@ -163,7 +163,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        seconds = engine.warm_up()
+        seconds = engine.warm_up(args.max_batch)
         print(f"flashspec serve: compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
     model_name = args.model_name or args.target
     try:

@@ -56,12 +56,14 @@ def initialized(cache: Any) -> bool:
     return bool(getattr(cache.layers[-1], "is_initialized", False))
 
 
-def to_dynamic(cache: Any, width: int, model: torch.nn.Module) -> Any:
-    """A dynamic cache holding the first ``width`` columns of static ``cache`` (copied), for
-    the eager operations a static layout has no room for (rows joining or leaving a batch)."""
+def to_dynamic(cache: Any, width: int, model: torch.nn.Module, rows: int | None = None) -> Any:
+    """A dynamic cache holding the first ``width`` columns of static ``cache`` (copied; of its
+    first ``rows`` slots, all when None), for the eager operations a static layout has no room
+    for (more rows than slots, more columns than its capacity)."""
     dynamic = new_cache(model)
-    if width == 0 or not initialized(cache):
+    if width == 0 or not initialized(cache) or rows == 0:
         return dynamic
     for index, layer in enumerate(cache.layers):
-        dynamic.update(layer.keys[:, :, :width].clone(), layer.values[:, :, :width].clone(), index)
+        keys, values = layer.keys[:rows, :, :width], layer.values[:rows, :, :width]
+        dynamic.update(keys.clone(), values.clone(), index)
     return dynamic

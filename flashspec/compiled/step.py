@@ -9,6 +9,10 @@ after every real token, so no real token sees them, and the next forward writes 
 slightly longer one runs as several; anything longer (prefill) runs eager on the same buffers
 with the same mask.
 
+A ragged batch (``batch``) runs on a static cache of fixed slots (``flashspec.kv.slots``): its
+graphs are per slot bucket, not per batch size, and take the columns each row owns as an input
+(``batch_mask``), so rows finishing, joining and dead columns never change a graph.
+
 A token tree (``tree``) is one more kind of forward: its new columns see each other as a
 boolean ``block`` (count, count) says (a node its ancestors and itself), every column before
 them as a chain's do. Its graphs, one per padded node count (``tree_lengths``), are a compiled
@@ -75,6 +79,7 @@ class CompiledForward:
         graphs: the (rows, tokens, capacity) shapes compiled for chains.
         tree_lengths: token counts a tree's forward is compiled for (``compile_trees``).
         tree_graphs: the (rows, tokens, capacity) shapes compiled for trees.
+        batch_graphs: the (slots, tokens, capacity) shapes compiled for batches (``batch``).
         recompiles: compiles of a shape after its first call.
         failed: why compiling was given up (the forward then runs eager), or None.
         compiled_calls, eager_calls: forwards run each way.
@@ -98,22 +103,20 @@ class CompiledForward:
         # ``_step``'s: a drafter's and a target's graphs would count as recompiles of one
         # another and exhaust the recompile limit together. A copy of the code per instance
         # keeps each model's graphs, and its recompile count, its own.
-        step = types.FunctionType(
-            CompiledForward._step.__code__.replace(), CompiledForward._step.__globals__
-        )
-        self._compiled: Callable[..., torch.Tensor] = torch.compile(
-            types.MethodType(step, self), fullgraph=True, dynamic=False, mode=mode
-        )
-        tree_step = types.FunctionType(
-            CompiledForward._tree_step.__code__.replace(), CompiledForward._tree_step.__globals__
-        )
-        self._tree_compiled: Callable[..., torch.Tensor] = torch.compile(
-            types.MethodType(tree_step, self), fullgraph=True, dynamic=False, mode=mode
-        )
+        # Each kind of forward (a chain's, a tree's, a batch's) gets a copy too: one kind's
+        # graphs never meet another kind's inputs.
+        self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
+        for kind, method in _KINDS.items():
+            code = types.FunctionType(method.__code__.replace(), method.__globals__)
+            self._compiled[kind] = torch.compile(
+                types.MethodType(code, self), fullgraph=True, dynamic=False, mode=mode
+            )
         self.tree_lengths: list[int] = []
         self.compile_seconds = 0.0
         self.graphs: set[tuple[int, int, int]] = set()
         self.tree_graphs: set[tuple[int, int, int]] = set()
+        self.batch_graphs: set[tuple[int, int, int]] = set()
+        self._graphs = {"chain": self.graphs, "tree": self.tree_graphs, "batch": self.batch_graphs}
         self.recompiles = 0
         self.failed: str | None = None
         self.compiled_calls = 0
@@ -180,7 +183,7 @@ class CompiledForward:
         length = next((n for n in self.tree_lengths if n >= count), None)
         fits = length is not None and start + length <= capacity
         if self.failed is not None or not initialized(cache) or not fits:
-            return self._eager(ids, positions, start, cache, capacity, block)
+            return self._eager(ids, positions, start, cache, capacity, "tree", block)
         assert length is not None
         if length > count:
             # Padding queries come after every real one and no real query sees them; their
@@ -193,8 +196,66 @@ class CompiledForward:
             padded[:count, :count] = block
             padded[:count, count:] = False
             block = padded
-        logits = self._run(ids, positions, start, cache, capacity, block)
+        logits = self._run(ids, positions, start, cache, capacity, "tree", block)
         return logits[:, :count]
+
+    def batch(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        cache: Any,
+        alive: torch.Tensor | None,
+        slots: int,
+    ) -> torch.Tensor:
+        """Logits (B, k, V) of a ragged batch's forward on a static cache of ``slots`` rows
+        (``flashspec.kv.slots``): ``ids`` (B, k) at ``positions``, written from column
+        ``start`` of slots 0..B-1; ``alive`` (B, start + k), nonzero where a row owns a column
+        (None: every column is every row's). Query i of row b sees the columns up to
+        ``start + i`` that row b owns. The spare slots read a spare token at position 0."""
+        capacity = static_capacity(cache)
+        if capacity is None:
+            raise TypeError("CompiledForward needs a static cache (flashspec.compiled.static)")
+        rows, count = ids.shape
+        if rows > slots:
+            raise ValueError(f"{self.name}: a batch of {rows} rows does not fit {slots} slots")
+        longest = self.lengths[-1]
+        if longest < count <= CHUNKS * longest and self.failed is None and initialized(cache):
+            pieces = []
+            for b in range(0, count, longest):
+                owns = None if alive is None else alive[:, : start + b + longest]
+                part = slice(b, b + longest)
+                pieces.append(
+                    self.batch(ids[:, part], positions[:, part], start + b, cache, owns, slots)
+                )
+            return torch.cat(pieces, dim=1)
+        device = ids.device
+        owned = torch.zeros((slots, capacity), dtype=torch.bool, device=device)
+        if alive is None:
+            owned[:rows, : start + count] = True
+        else:
+            owned[:rows, : start + count] = alive.to(torch.bool)
+        owned[rows:, start : start + count] = True  # a spare slot's queries see themselves
+        if rows < slots:
+            spare = slots - rows
+            ids = torch.cat([ids, ids.new_zeros((spare, count))])
+            positions = torch.cat([positions, positions.new_zeros((spare, count))])
+        length = next((n for n in self.lengths if n >= count), None)
+        fits = length is not None and start + length <= capacity
+        if self.failed is not None or not initialized(cache) or not fits:
+            logits = self._eager(ids, positions, start, cache, capacity, "batch", owned)
+            return logits[:rows]
+        assert length is not None
+        if length > count:
+            # Padding columns come after every real one: causality hides them from real
+            # queries, and the next forward writes over them.
+            extra = length - count
+            ids = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
+            steps = torch.arange(1, extra + 1, device=device).unsqueeze(0)
+            positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+            owned[:, start + count : start + length] = True
+        logits = self._run(ids, positions, start, cache, capacity, "batch", owned)
+        return logits[:rows, :count]
 
     def _run(
         self,
@@ -203,10 +264,11 @@ class CompiledForward:
         start: int,
         cache: Any,
         capacity: int,
-        block: torch.Tensor | None = None,
+        kind: str = "chain",
+        extra: torch.Tensor | None = None,
     ) -> torch.Tensor:
         shape = (ids.shape[0], ids.shape[1], capacity)
-        seen = self.graphs if block is None else self.tree_graphs
+        seen = self._graphs[kind]
         first = shape not in seen
         self._check_model()
         before = _graph_count()
@@ -218,12 +280,8 @@ class CompiledForward:
         threads = torch_threads(self._threads) if self._threads else contextlib.nullcontext()
         try:
             with threads:
-                if block is None:
-                    logits = self._call_compiled(first, ids, positions, where, cache)
-                else:
-                    logits = self._call_compiled(
-                        first, ids, positions, where, cache, _dense(block)
-                    )
+                inputs = () if extra is None else (_dense(extra),)
+                logits = self._call_compiled(first, kind, ids, positions, where, cache, *inputs)
         except Exception as exc:  # any compiler failure leaves the eager path
             if isinstance(exc, RecompileError):
                 raise
@@ -233,7 +291,7 @@ class CompiledForward:
                 self.name,
                 self.failed,
             )
-            return self._eager(ids, positions, start, cache, capacity, block)
+            return self._eager(ids, positions, start, cache, capacity, kind, extra)
         self.compiled_calls += 1
         if first:
             seen.add(shape)
@@ -244,7 +302,7 @@ class CompiledForward:
                 self.name,
                 shape[0],
                 shape[1],
-                "" if block is None else " of a tree",
+                {"chain": "", "tree": " of a tree", "batch": " of a batch"}[kind],
                 shape[2],
                 seconds,
             )
@@ -260,17 +318,17 @@ class CompiledForward:
         return logits
 
     def _call_compiled(
-        self, first: bool, ids: torch.Tensor, positions: torch.Tensor, where: torch.Tensor,
-        cache: Any, *block: torch.Tensor,
+        self, first: bool, kind: str, ids: torch.Tensor, positions: torch.Tensor,
+        where: torch.Tensor, cache: Any, *extra: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
-        compiled = self._tree_compiled if block else self._compiled
+        compiled = self._compiled[kind]
         if first:
-            return compiled(ids, positions, where, cache, *block)
+            return compiled(ids, positions, where, cache, *extra)
         # Every input is built here with the shapes, dtypes and strides of the graph's first
         # call, and the model is checked above (``_check_model``), so only the guards that tell
         # this model's graphs apart need to run: a full evaluation costs up to a millisecond.
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return compiled(ids, positions, where, cache, *block)
+            return compiled(ids, positions, where, cache, *extra)
 
     def _check_model(self) -> None:
         """The graphs were compiled for the model's parameters as they were; a model moved to
@@ -292,7 +350,8 @@ class CompiledForward:
         start: int,
         cache: Any,
         capacity: int,
-        block: torch.Tensor | None = None,
+        kind: str = "chain",
+        extra: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self.eager_calls += 1
         if start + ids.shape[1] > capacity:
@@ -301,8 +360,10 @@ class CompiledForward:
                 f"fit a static cache of {capacity} columns"
             )
         where = torch.tensor(start, dtype=torch.int64, device=ids.device)
-        if block is not None:
-            return self._tree_step(ids, positions, where, cache, block)
+        if kind == "tree" and extra is not None:
+            return self._tree_step(ids, positions, where, cache, extra)
+        if kind == "batch" and extra is not None:
+            return self._batch_step(ids, positions, where, cache, extra)
         return self._step(ids, positions, where, cache)
 
     def _step(
@@ -322,6 +383,17 @@ class CompiledForward:
     ) -> torch.Tensor:
         capacity = cache.layers[0].max_cache_len
         mask = tree_mask(start, block, capacity)
+        return self._forward(ids, positions, start, cache, mask)
+
+    def _batch_step(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: torch.Tensor,
+        cache: Any,
+        owned: torch.Tensor,
+    ) -> torch.Tensor:
+        mask = batch_mask(start, ids.shape[1], owned)
         return self._forward(ids, positions, start, cache, mask)
 
     def _forward(
@@ -357,6 +429,16 @@ def causal_mask(
     return (columns <= query)[None, None]
 
 
+def batch_mask(start: torch.Tensor, count: int, owned: torch.Tensor) -> torch.Tensor:
+    """The (slots, 1, count, capacity) boolean mask of a batch's forward of ``count`` tokens
+    written from column ``start``: query i of slot b sees the columns up to ``start + i``
+    that slot b owns (``owned`` (slots, capacity))."""
+    columns = torch.arange(owned.shape[1], device=owned.device)
+    query = start + torch.arange(count, device=owned.device)
+    causal = columns.unsqueeze(0) <= query.unsqueeze(1)  # (count, capacity)
+    return (owned.unsqueeze(1) & causal.unsqueeze(0)).unsqueeze(1)
+
+
 def tree_mask(start: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.Tensor:
     """The (1, 1, count, capacity) boolean mask of a token tree's forward of ``count`` tokens
     written from column ``start``: query i sees every column before ``start``, and column
@@ -372,3 +454,11 @@ def tree_mask(start: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.
 def _dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` with the standard strides of its shape."""
     return x.clone(memory_format=torch.contiguous_format)
+
+
+_KINDS = {
+    "chain": CompiledForward._step,
+    "tree": CompiledForward._tree_step,
+    "batch": CompiledForward._batch_step,
+}
+"""The step each kind of forward compiles (see ``CompiledForward.__init__``)."""

@@ -3,10 +3,10 @@
 A features draft and prompt lookup miss in different places: the draft guesses the next
 words of ordinary text, lookup copies a span the row already holds (code, names, a quoted
 question). Verifying both in one forward costs a few more tree nodes, not a second round.
-The merged tree holds every node of the first drafter's tree, then the second's nodes that
-the first does not hold (a shared prefix is one path), cut to the shape's node budget: the
-cut keeps a prefix of nodes in topological order, so it stays a tree and keeps the first
-tree whole (which the shape already bounds).
+The merged tree holds the first drafter's tree, then the second's nodes that the first does
+not hold (a shared prefix is one path), within the shape's node budget: where both do not
+fit, the second's new nodes take up to half of it and the first tree keeps its leading nodes
+(a prefix in topological order, its most likely ones in a features draft's tree).
 
 Acceptance stays exact for the same reason a single drafter's tree does
 (``flashspec.trees.accept``): every trial is a point mass, or drawn from its q independently
@@ -92,7 +92,7 @@ class MergedDrafter(Drafter):
 
     def propose_tree(self, ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
         """The first drafter's tree, then the second's new nodes, at most ``shape.nodes``
-        (None when neither proposes one)."""
+        (None when neither proposes one; see the module docstring for the budget)."""
         first = self.first.propose_tree(ctx, shape)
         if first is not None and not first.deterministic:
             return first  # its draws must not decide how much of the second tree is verified
@@ -104,9 +104,17 @@ class MergedDrafter(Drafter):
         builder = TreeBuilder()
         builder.merge(first)
         builder.merge(second)
-        merged = builder.build(first.tokens.device)
-        if merged.size == first.size:
+        fresh = builder.size - first.size
+        if not fresh:
             return first  # nothing new: keep the first's probabilities (and its cost cut)
+        # A first tree that fills the budget would leave no room: the second's new nodes get
+        # up to half of it, and the first keeps its leading nodes (its most likely, in a
+        # features draft's tree) in the rest.
+        room = max(shape.nodes - min(fresh, shape.nodes // 2), 1)
+        builder = TreeBuilder()
+        builder.merge(first.prefix(min(first.size, room)))
+        builder.merge(second)
+        merged = builder.build(first.tokens.device)
         return merged.prefix(min(merged.size, shape.nodes))
 
     def keep(self, lengths: Sequence[int], padding: Padding) -> None:

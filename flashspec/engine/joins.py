@@ -11,6 +11,7 @@ import torch
 
 from .._validate import is_int
 from ..config import SamplingConfig
+from ..kv import layout
 from ..models import Padding
 from .generation import Generation, Row
 from .inputs import Stop, per_row_stops, tokenize
@@ -128,12 +129,16 @@ def share_prompts(engine: SpeculativeEngine, gen: Generation) -> None:
 
 
 def reset(engine: SpeculativeEngine, gen: Generation) -> None:
-    """Empty every cache for ``gen``; on the compiled path, a batch of one takes a static
-    cache with room for its longest row and one more verification."""
+    """Empty every cache for ``gen``; on the compiled path, a batch takes a static cache of
+    fixed slots (``flashspec.kv.slots``) with room for its longest row, one more
+    verification and, with several rows, the dead columns a ragged layout keeps until it
+    packs them (``COMPACT_COLUMNS``)."""
     columns = gen.tokens.shape[1] + max(gen.max_new_tokens, default=0) + 1
+    rows = len(gen.live)
     if engine.compiled.on:
         columns += max(engine.config.bandit.gammas or [engine.config.sampling.gamma]) + 1
-    rows = len(gen.live)
+        if rows > 1:
+            columns += layout.COMPACT_COLUMNS
     engine.target.reset()
     engine.target.reserve(rows, columns)
     for drafter in engine.drafters:

@@ -139,15 +139,16 @@ class SpeculativeEngine:
         # round whose rows drafted fewer then costs what it verified, not the rectangle.
         self._packs = packs_dead_columns(target.model)
 
-    def warm_up(self) -> float:
+    def warm_up(self, rows: int = 1) -> float:
         """Compile the compiled path's steps now instead of in the first generation (no-op
-        when the path is off); returns the seconds it took."""
+        when the path is off), for batches of up to ``rows`` rows (every slot bucket's graphs
+        up to theirs, ``flashspec.kv.slots``); returns the seconds it took."""
         began = time.perf_counter()
         if self.compiled.on:
-            self.target.warm_up()
+            self.target.warm_up(rows)
             for drafter in self.drafters:
                 if drafter.lm is not None:
-                    drafter.lm.warm_up()
+                    drafter.lm.warm_up(rows)
         return time.perf_counter() - began
 
     @classmethod

@@ -23,6 +23,7 @@ from .layout import (
     move_columns,
     pad_columns,
 )
+from .slots import gather_slot_columns, select_slots, shift_slot_columns, write_slot_rows
 from .state import select_attention_rows
 
 T = TypeVar("T")
@@ -44,6 +45,9 @@ class RowCache:
         rows: its layout (``RowLayout``); not started until the first forward.
         static: the cache is a static one (the compiled path): kept even when it holds no
             column, where a dynamic one is replaced by a fresh cache.
+        slots: a static cache's rows (``flashspec.kv.slots``): the batch's rows sit in its
+            first slots and every move of keys and values writes into its buffers; 0 for a
+            dynamic cache.
     """
 
     def __init__(self, fresh: Callable[[], Any], limit: int | None = None) -> None:
@@ -52,6 +56,7 @@ class RowCache:
         self.cache: Any = None
         self.rows = RowLayout()
         self.static = False
+        self.slots = 0
 
     @property
     def width(self) -> int:
@@ -68,6 +73,7 @@ class RowCache:
         self.cache = self.fresh() if cache is None else cache
         self.rows = RowLayout()
         self.static = False
+        self.slots = 0
 
     def start(self, batch: int, device: torch.device) -> None:
         """Lay out ``batch`` empty rows."""
@@ -126,7 +132,10 @@ class RowCache:
         """Pack the rows once enough columns are dead in every row (``RowLayout.compaction``)."""
         plan = self.rows.compaction() if self.started else None
         if plan is not None:
-            gather_columns(self.cache, plan[0])
+            if self.static:
+                gather_slot_columns(self.cache, plan[0])
+            else:
+                gather_columns(self.cache, plan[0])
 
     def keep(self, lengths: Sequence[int]) -> None:
         """Row b keeps its first ``lengths[b]`` tokens (at most what it holds)."""
@@ -136,7 +145,10 @@ class RowCache:
     def select(self, index: torch.Tensor) -> None:
         """Keep only the rows in ``index`` (in that order)."""
         if self.rows.width:
-            select_attention_rows(self.cache, index)
+            if self.static:
+                select_slots(self.cache, index)
+            else:
+                select_attention_rows(self.cache, index)
         self.crop(self.rows.select(index, index.tolist()))
         self.compact()
 
@@ -148,14 +160,22 @@ class RowCache:
         joined = RowLayout()
         joined.start(count, device)
         joined.pad(width)
-        if width:
-            append_zero_rows(self.cache, count)
+        if width and not self.static:
+            append_zero_rows(self.cache, count)  # (a static cache's spare slots are the rows)
         self.rows.extend(joined)
 
     def join(self, other: RowCache) -> None:
         """Append ``other``'s rows (a cache of the same model, that read the joining rows):
         both are padded in front to the wider one's columns."""
         width = max(self.width, other.width)
+        if self.static:
+            rows = len(self.rows.lengths) if self.started else 0
+            shift_slot_columns(self.cache, rows, self.width, width - self.width)
+            write_slot_rows(self.cache, other.cache, rows, width)
+            for part in (self, other):
+                part.rows.pad(width - part.width)
+            self.rows.extend(other.rows)
+            return
         for part in (self, other):
             pad_columns(part.cache, width - part.width)
             part.rows.pad(width - part.width)

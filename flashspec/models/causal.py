@@ -23,11 +23,19 @@ import torch
 
 from .._families import check_family, padded_batch_refusal
 from .._lean import lean_logits, make_lean
-from ..compiled.static import MIN_COLUMNS, capacity_for, new_static_cache, to_dynamic
+from ..compiled.static import (
+    MIN_COLUMNS,
+    capacity_for,
+    initialized,
+    new_static_cache,
+    static_capacity,
+    to_dynamic,
+)
 from ..compiled.step import CompiledForward
 from ..kv.cache import RowCache
 from ..kv.compat import ForwardSignature, crop_cache, has_sliding_layers, new_cache
 from ..kv.layout import RowLayout, column_window, shiftable
+from ..kv.slots import SLOT_BUCKETS, grow_slots, slot_count
 from ..kv.state import (
     CacheSupport,
     Snapshot,
@@ -155,7 +163,8 @@ class CausalLM:
         self.replay_seconds = 0.0
         self._span = span("target_forward" if role == "target" else "forward")
         self.compiled: CompiledForward | None = None
-        self._statics: dict[int, Any] = {}  # static caches by capacity, kept across generations
+        # Static caches by (capacity, slots), kept across generations.
+        self._statics: dict[tuple[int, int], Any] = {}
         self._tree_nodes: tuple[int, int] | None = None  # a tree's (first column, nodes)
 
     def _new_cache(self) -> Any:
@@ -185,29 +194,37 @@ class CausalLM:
 
     def reserve(self, rows: int, columns: int) -> None:
         """After ``reset``: a generation of ``rows`` rows needs up to ``columns`` columns. On
-        the compiled path a batch of one takes a static cache of that size's bucket."""
-        if self.compiled is None or rows != 1 or self.rows is None:
+        the compiled path it takes a static cache of that size's bucket, with the slot bucket
+        of its rows (``flashspec.kv.slots``); too many rows for any bucket run eager."""
+        slots = slot_count(rows)
+        if self.compiled is None or slots is None or self.rows is None:
             return
         capacity = capacity_for(columns)
         if self.max_context is not None:
             capacity = min(capacity, max(self.max_context, columns))
-        cache = self._statics.get(capacity)
+        cache = self._statics.get((capacity, slots))
         if cache is None:
-            cache = self._statics[capacity] = new_static_cache(self.model, capacity)
+            cache = self._statics[capacity, slots] = new_static_cache(self.model, capacity)
         self.kv.cache = cache
         self.kv.static = True
+        self.kv.slots = slots
 
-    def warm_up(self) -> None:
+    def warm_up(self, rows: int = 1) -> None:
         """Compile every compiled length now, in the smallest capacity bucket (a server does
-        this before it listens, so that no request waits for a compile)."""
+        this before it listens, so that no request waits for a compile), for batches of
+        ``rows`` rows (their slot bucket's graphs) when that is more than one."""
         if self.compiled is None:
             return
         capacity = MIN_COLUMNS
         if self.max_context is not None:
             capacity = min(capacity, self.max_context)
-        cache = self._statics.get(capacity)
+        largest = slot_count(min(rows, SLOT_BUCKETS[-1])) or 1
+        for slots in SLOT_BUCKETS:
+            if 1 < slots <= largest:
+                self._warm_up_slots(capacity, slots)
+        cache = self._statics.get((capacity, 1))
         if cache is None:
-            cache = self._statics[capacity] = new_static_cache(self.model, capacity)
+            cache = self._statics[capacity, 1] = new_static_cache(self.model, capacity)
         device = self.device
         start = 2
         with torch.inference_mode():
@@ -223,17 +240,65 @@ class CausalLM:
                 block = torch.ones((n, n), dtype=torch.bool, device=device).tril()
                 self.compiled.tree(ids, positions, start, cache, block)
 
+    def _warm_up_slots(self, capacity: int, slots: int) -> None:
+        assert self.compiled is not None
+        cache = self._statics.get((capacity, slots))
+        if cache is None:
+            cache = self._statics[capacity, slots] = new_static_cache(self.model, capacity)
+        device = self.device
+        start = 2
+        with torch.inference_mode():
+            ids = torch.zeros((slots, start), dtype=torch.int64, device=device)
+            positions = torch.arange(start, device=device).expand(slots, -1)
+            self.compiled.batch(ids, positions, 0, cache, None, slots)  # buffers
+            for n in self.compiled.lengths:
+                ids = torch.zeros((slots, n), dtype=torch.int64, device=device)
+                positions = torch.arange(start, start + n, device=device).expand(slots, -1)
+                self.compiled.batch(ids, positions, start, cache, None, slots)
+
     @property
     def static(self) -> bool:
         """Whether this generation's cache is a static one (the compiled path)."""
         return self.kv.static
 
     def _leave_static(self) -> None:
-        """Continue eager on a dynamic cache with the same columns (rows joining or leaving a
-        batch: the compiled path runs a batch of one)."""
+        """Continue eager on a dynamic cache with the same columns (what the static cache has
+        no room for: more rows than slots, more columns than its capacity)."""
         if self.kv.static:
-            self.kv.cache = to_dynamic(self.kv.cache, self.cached, self.model)
+            rows = len(self.kv.rows.lengths) if self.kv.started else 0
+            self.kv.cache = to_dynamic(self.kv.cache, self.cached, self.model, rows)
             self.kv.static = False
+            self.kv.slots = 0
+
+    def _slotted(self, rows: int, columns: int) -> bool:
+        """Whether this generation runs on a static cache of several slots for ``rows`` rows
+        and ``columns`` columns: the one it has, or a larger one its rows move into (more rows
+        than slots, more columns than the capacity: a larger bucket of either). A batch no
+        bucket holds continues on a dynamic cache."""
+        if not self.kv.static:
+            return False
+        capacity = static_capacity(self.kv.cache)
+        if capacity is None:
+            return False
+        if rows <= self.kv.slots and columns <= capacity:
+            return self.kv.slots > 1
+        slots = slot_count(max(rows, self.kv.slots))
+        wider = capacity
+        if columns > capacity:
+            wider = capacity_for(columns)
+            if self.max_context is not None:
+                wider = min(wider, max(self.max_context, columns))
+        if slots is None or not initialized(self.kv.cache):
+            self._leave_static()
+            return False
+        cache = self._statics.get((wider, slots))
+        if cache is None:
+            cache = self._statics[wider, slots] = new_static_cache(self.model, wider)
+        held = len(self.kv.rows.lengths) if self.kv.started else 0
+        grow_slots(self.kv.cache, cache, held, self.cached, slots)
+        self.kv.cache = cache
+        self.kv.slots = slots
+        return slots > 1
 
     @property
     def config(self) -> Any:
@@ -361,9 +426,16 @@ class CausalLM:
         place (every transformers release since 4.56): the last ``keep`` logits, (B, keep, V).
         ``positions`` (B, n) and ``mask`` (2-D over every column, or an additive 4-D one) are
         left out when None."""
-        if self.kv.static and (mask is not None or ids.shape[0] != 1):
-            self._leave_static()  # only a batch of one, every column alive, runs static
+        slotted = self._slotted(ids.shape[0], self.cached + ids.shape[1])
+        if not slotted and self.kv.static and (mask is not None or ids.shape[0] != 1):
+            self._leave_static()  # a one-slot static cache: a batch of one, every column alive
         with self._span:
+            if slotted:
+                assert self.compiled is not None and positions is not None
+                batch = self.compiled.batch(
+                    ids, positions, self.cached, self.cache, mask, self.kv.slots
+                )
+                return batch[:, -keep:]
             if self.kv.static:
                 assert self.compiled is not None and positions is not None
                 scores: torch.Tensor = self.compiled(ids, positions, self.cached, self.cache)
@@ -399,7 +471,12 @@ class CausalLM:
         if rows.alive is None:
             rows.start(1, device)
         assert rows.alive is not None
-        static = self.kv.static and self.compiled is not None and bool(rows.alive.all())
+        static = (
+            self.kv.static
+            and self.kv.slots == 1
+            and self.compiled is not None
+            and bool(rows.alive.all())
+        )
         if not static:
             self._leave_static()
             if rows.width == 0:
@@ -489,7 +566,8 @@ class CausalLM:
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index`` (finished rows leave the batch)."""
-        self._leave_static()
+        if not self._slotted(int(index.numel()), self.cached):
+            self._leave_static()
         if self.rows is not None and self.kv.started:
             self.kv.select(index)
             self.cached = self.kv.width
@@ -512,7 +590,9 @@ class CausalLM:
         forward feeds them no more than the others; an empty one reads them with the others."""
         if self.rows is None:
             raise RuntimeError(f"{self.name}: rows can only join a shiftable model's batch")
-        self._leave_static()
+        held = len(self.kv.rows.lengths) if self.kv.started else 0
+        if not self._slotted(held + tokens.shape[0], max(self.cached, tokens.shape[1])):
+            self._leave_static()
         if not self.kv.started:
             return  # nothing read yet: the first forward reads every row
         if self.cached == 0 or all(tokens.shape[1] - 1 - left <= 0 for left in padding.lefts):

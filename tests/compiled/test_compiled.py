@@ -96,9 +96,10 @@ def test_compiled_matches_eager_engine_at_every_length() -> None:
     assert part is not None and any(shape[2] > MIN_COLUMNS for shape in part.graphs)
 
 
-def test_batches_and_joins_leave_the_static_cache_exactly() -> None:
-    """The compiled path runs a batch of one; a batch, or a row joining a running stream,
-    continues eager on a dynamic copy of the same columns: rows still equal HF's."""
+def test_batches_and_joins_stay_exact_on_the_compiled_path() -> None:
+    """A batch runs in a static cache of fixed slots; a stream of one row starts in a
+    one-slot cache and moves into a two-slot one when a row joins: rows still equal HF's
+    (``test_compiled_batches`` checks the slots themselves)."""
     engine = greedy_engine("model", 3)
     batch = ["def quicksort(arr):", "x = 1", "hello world"]
     result = engine.generate(batch, MAX_NEW)

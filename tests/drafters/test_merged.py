@@ -71,11 +71,14 @@ def test_the_merged_tree_is_the_first_then_the_seconds_new_nodes() -> None:
     assert tree.deterministic
 
 
-def test_the_merged_tree_keeps_the_node_budget_and_either_tree_alone() -> None:
+def test_the_merged_tree_shares_the_node_budget_and_keeps_either_tree_alone() -> None:
     first, second = Paths([5, 6, 7], [5, 8]), Paths([4, 4, 4, 4])
     cut = MergedDrafter(first, second).propose_tree(context(), TreeShape(4, 6, 3))
-    assert cut is not None and node_paths(cut) == [(5,), (5, 6), (5, 8), (5, 6, 7), (4,),
-                                                   (4, 4)]  # fmt: skip
+    # The budget of 6: the second's four new nodes take half, the first its leading three.
+    assert cut is not None and node_paths(cut) == [(5,), (5, 6), (5, 6, 7), (4,), (4, 4),
+                                                   (4, 4, 4)]  # fmt: skip
+    roomy = MergedDrafter(first, second).propose_tree(context(), TreeShape(4, 9, 3))
+    assert roomy is not None and len(node_paths(roomy)) == 8  # both whole
     alone = MergedDrafter(first, Paths()).propose_tree(context(), SHAPE)
     assert alone is not None and sorted(node_paths(alone)) == [(5,), (5, 6), (5, 6, 7), (5, 8)]
     only = MergedDrafter(Paths(), second).propose_tree(context(), SHAPE)
@@ -124,25 +127,27 @@ def test_merged_trees_equal_target_generate() -> None:
     engine = SpeculativeEngine(
         config, [merged], TargetModel("tiny", model=target, tokenizer=tokenizer())
     )
-    sizes: list[tuple[int, int]] = []  # per tree round: the draft's tree, the merged tree
+    firsts: list[TokenTree | None] = []
+    both = [0]  # tree rounds whose tree holds nodes of the draft's tree and of lookup's
     first_tree, merged_tree = features.propose_tree, merged.propose_tree
 
     def first_spy(ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
-        tree = first_tree(ctx, shape)
-        sizes.append((0 if tree is None else tree.size, 0))
-        return tree
+        firsts.append(first_tree(ctx, shape))
+        return firsts[-1]
 
     def merged_spy(ctx: DraftContext, shape: TreeShape) -> TokenTree | None:
         tree = merged_tree(ctx, shape)
-        sizes[-1] = (sizes[-1][0], 0 if tree is None else tree.size)
+        first = firsts[-1] if firsts else None
+        if tree is not None and first is not None and first.size:
+            mine, ours = set(node_paths(first)), set(node_paths(tree))
+            both[0] += bool(ours - mine) and bool(ours & mine)
         return tree
 
     features.propose_tree = first_spy  # type: ignore[method-assign]
     merged.propose_tree = merged_spy  # type: ignore[method-assign]
     for prompt in PROMPTS:
         check_equal("loopy", prompt, engine.generate(prompt, 32).tokens[0])
-    both = sum(merged > first > 0 for first, merged in sizes)
-    assert both > 10, f"only {both} of {len(sizes)} trees held both drafters' nodes"
+    assert both[0] > 10, f"only {both[0]} of {len(firsts)} trees held both drafters' nodes"
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])

@@ -83,10 +83,12 @@ class _Tally:
     emitted: int = 0
     drafted: int = 0
     accepted: int = 0
+    compile_seconds: float = 0.0
     arm_rounds: dict[str, int] = field(default_factory=dict)
 
     def add(self, run: BatchRun) -> None:
         self.seconds += run.seconds
+        self.compile_seconds += run.compile_seconds
         self.tokens += sum(len(t) for t in run.tokens)
         self.rounds += run.rounds
         self.row_rounds += run.row_rounds
@@ -144,6 +146,7 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
     tallies: dict[tuple[int, str, int], _Tally] = {}
     verdicts: dict[tuple[int, str], list[list[dict[str, Any]]]] = {}
     current: int | None = None
+    warmups: dict[tuple[int, str], float] = {}  # compile seconds of each warm-up
     bar = progress(jobs, desc="batch", unit="batch", disable=not settings.progress)
     for turn, (size, repeat, index) in enumerate(bar):
         chunks = _chunks(encoded, size)
@@ -152,7 +155,8 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
             runner.reset()
             bar.set_postfix(B=size)
             for method in methods:  # first calls pay for lazy set-up and allocator growth
-                runner.run(method, chunks[0], min(WARMUP_TOKENS, settings.max_new_tokens))
+                warm = runner.run(method, chunks[0], min(WARMUP_TOKENS, settings.max_new_tokens))
+                warmups[size, method] = warm.compile_seconds
         rows = chunks[index]
         order = methods[turn % len(methods) :] + methods[: turn % len(methods)]
         runs = {method: runner.run(method, rows) for method in order}
@@ -206,6 +210,12 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
                     arms[arm] = arms.get(arm, 0) + count
             if arms:
                 record["arm_rounds"] = arms  # over every repeat
+            if method != BASELINE and runner.engine(method).compiled.on:
+                # Compiling happens in the warm-up (first calls of each shape); a timed run
+                # that compiled again would show here.
+                record["compile_seconds_warmup"] = round(warmups[size, method], 2)
+                record["compile_seconds_timed"] = round(sum(t.compile_seconds for t in reps), 2)
+                record["graphs"] = runner.graphs(method)
             if method != BASELINE:
                 per_prompt = verdicts[(size, method)]
                 worst_of = [worst([v["status"] for v in runs_of]) for runs_of in per_prompt]
@@ -245,7 +255,8 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
                 m: describe(engine_config(m, settings.gamma, runner.lookup, settings.compile))
                 for m in methods[1:]
             },
-            # The compiled path runs a batch of one compiled; larger batches run eager.
+            # On the compiled path batches of up to 32 rows run on static caches of fixed
+            # slots (flashspec.kv.slots); ``_compiled`` methods take it whatever this says.
             "compile": settings.compile,
             "compiled_path": {m: runner.engine(m).compiled.line() for m in methods[1:]},
             "eos": "ignored by every method (fixed-length generations)",

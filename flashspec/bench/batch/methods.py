@@ -21,14 +21,22 @@ from ..pair import Pair
 from ..runner import forward_counter
 
 BASELINE = "hf_batched"
-METHODS = (BASELINE, "ragged", "lockstep", "default", "ragged_adaptive")
+METHODS = (
+    BASELINE, "ragged", "lockstep", "default", "ragged_adaptive", "ragged_compiled",
+    "default_compiled",
+)  # fmt: skip
 LABELS = {
     BASELINE: "HF batched generate",
     "ragged": "flashspec ragged",
     "lockstep": "flashspec lockstep",
     "default": "flashspec default",
     "ragged_adaptive": "flashspec ragged, adaptive",
+    "ragged_compiled": "flashspec ragged, compiled",
+    "default_compiled": "flashspec default, compiled",
 }
+COMPILED_SUFFIX = "_compiled"
+"""A method whose name ends so is its stem on the compiled path (``compile=True``: static
+caches of fixed slots, graphs per slot bucket), whatever ``--compile`` says."""
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 WARMUP_TOKENS = 16
 
@@ -50,6 +58,7 @@ class BatchRun:
     rounds: int
     row_rounds: int
     emitted: int
+    compile_seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
     arm_rounds: dict[str, int] = field(default_factory=dict)
@@ -59,7 +68,9 @@ def engine_config(
     method: str, gamma: int, lookup: bool, compile: CompileSetting = False
 ) -> FlashSpecConfig:
     """The engine configuration a flashspec method stands for (greedy, draft length gamma;
-    ``compile``: ``FlashSpecConfig.compile``, which runs a batch of one compiled)."""
+    ``compile``: ``FlashSpecConfig.compile``; a ``_compiled`` method compiles anyway)."""
+    if method.endswith(COMPILED_SUFFIX):
+        method, compile = method.removesuffix(COMPILED_SUFFIX), True
     sampling = SamplingConfig(gamma=gamma)
     fixed = BanditConfig(batches="fixed")
     if method == "ragged":
@@ -156,7 +167,15 @@ class BatchRunner:
             drafted=stats.drafted,
             accepted=stats.accepted,
             arm_rounds=dict(stats.arm_rounds),
+            compile_seconds=stats.time_compile,
         )
+
+    def graphs(self, method: str) -> int:
+        """Graphs the compiled path of ``method``'s engine holds (target and drafters)."""
+        engine = self.engine(method)
+        lms = [engine.target, *(d.lm for d in engine.drafters if d.lm is not None)]
+        parts = [lm.compiled for lm in lms if lm.compiled is not None]
+        return sum(len(p.graphs) + len(p.tree_graphs) + len(p.batch_graphs) for p in parts)
 
     def _run_hf(self, rows: Sequence[Sequence[int]], n: int) -> BatchRun:
         pair = self.pair
