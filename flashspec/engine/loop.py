@@ -464,9 +464,12 @@ class SpeculativeEngine:
                 hook(view)
         start = time.perf_counter()
         stats = gen.stats
-        # A round whose forward compiled a shape (its first call) teaches the policy its
-        # time without the compiling, which no later round pays again.
-        compiled_at = [compile_seconds(self)] if self.compiled.on else None
+        # A round whose forward compiled a shape (its first call) teaches the policy nothing:
+        # no later round pays that compiling again, and its time less the compiling is not a
+        # measurement either (a graph's first run also warms it), which once taught the
+        # default engine's compiled batches a plain step of under a millisecond, so that
+        # drafting never paid again.
+        compiled_at = compile_seconds(self) if self.compiled.on else None
 
         # 0. choose: a drafter and its draft length, or plain decoding, from past rounds only
         policy = self.policy
@@ -491,8 +494,6 @@ class SpeculativeEngine:
         if tree is None:
             proposal, setup = draft(self, gen, choice.arm.drafter, choice.gamma, choice.learn, caps)
         drafted_at = time.perf_counter()
-        if compiled_at is not None:
-            compiled_at.append(compile_seconds(self))
 
         # 2. verify: a chain of drafts, or a tree of them
         lengths = None
@@ -551,10 +552,8 @@ class SpeculativeEngine:
         end = time.perf_counter()
 
         # 6. learn; the round's time includes it: it is the policy's own cost
-        draft_compile = other_compile = 0.0
-        if compiled_at is not None:
-            draft_compile = compiled_at[1] - compiled_at[0]
-            other_compile = compile_seconds(self) - compiled_at[1]
+        if compiled_at is not None and choice.learn and compile_seconds(self) > compiled_at:
+            choice = dataclasses.replace(choice, learn=False)
         verified = None if lengths is None or not self._packs else sum(lengths) + rows
         if planted is not None:
             verified = planted.verified
@@ -565,9 +564,9 @@ class SpeculativeEngine:
                 accepted=m,
                 probability=acceptance.probability if planted is None else planted.probability,
                 rows=rows,
-                draft_seconds=drafted_at - chosen_at - setup - draft_compile,
-                other_seconds=(chosen_at - start) + (end - drafted_at) - other_compile,
-                seconds=end - start - setup - draft_compile - other_compile,
+                draft_seconds=drafted_at - chosen_at - setup,
+                other_seconds=(chosen_at - start) + (end - drafted_at),
+                seconds=end - start - setup,
                 emitted=emitted,
                 verified=verified,
             ),

@@ -18,7 +18,9 @@ from flashspec import BanditConfig, FlashSpecConfig, SamplingConfig, Speculative
 from flashspec.compiled.static import new_static_cache
 from flashspec.compiled.step import CompiledForward
 from flashspec.drafters import ModelDrafter
+from flashspec.engine.build import compile_seconds
 from flashspec.kv.slots import SLOT_BUCKETS
+from flashspec.select.policy import Choice, Outcome
 from tests.helpers.chi2 import assert_first_two_follow, first_two_counts
 from tests.helpers.distribution import PROMPT, exact
 from tests.helpers.distribution import models as distribution_models
@@ -171,3 +173,35 @@ def test_a_compiled_batch_forward_equals_each_row_alone() -> None:
             own = [int(t) for t, a in zip(ids[b], alive[b], strict=True) if a]
             alone = model(torch.tensor([own + step[b].tolist()])).logits[0, -2:]
             torch.testing.assert_close(logits[b], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_a_round_that_compiled_teaches_the_policy_nothing() -> None:
+    """The default policy of batches (the draft at a length it chooses, or plain decoding)
+    learns from no round whose forward compiled a graph: its time is the compiling's, not the
+    arm's. Such rounds happen (each new slot bucket and draft length compiles on first use),
+    and every other round past the first teaches it."""
+    target, draft = models("plain")
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=3), compile=True)
+    engine = SpeculativeEngine(
+        config, [ModelDrafter(draft, name="draft")], TargetModel("tiny", model=target,
+                                                                 tokenizer=tokenizer())
+    )  # fmt: skip
+    policy = engine.batch_policy
+    assert policy is not None, "the default engine has no policy of batches"
+    seen: list[tuple[bool, bool]] = []  # (learned, compiled) per observed round
+    observe = policy.observe
+    compiled = [0.0]
+
+    def spy(choice: Choice, outcome: Outcome) -> None:
+        now = compile_seconds(engine)
+        seen.append((choice.learn, now > compiled[0]))
+        compiled[0] = now
+        observe(choice, outcome)
+
+    policy.observe = spy  # type: ignore[method-assign]
+    prompts = PROMPTS[:3]
+    result = engine.generate(prompts, MAX_NEW, ignore_eos=True)
+    check_rows_without_eos(target, prompts, result.tokens, MAX_NEW)
+    assert any(c for _, c in seen[1:]), "no round past the first compiled: the test shows nothing"
+    assert not [i for i, (learned, c) in enumerate(seen) if learned and c], seen
+    assert any(learned for learned, _ in seen), "no round taught the policy"
