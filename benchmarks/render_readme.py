@@ -613,12 +613,33 @@ def batch_section(runs: list[dict[str, Any]]) -> str:
             "differ first where the target's top-2 logits are within the tie rule).",
             "",
             table(data),
+            *_compile_lines(data),
             "",
             "Against the issue's targets (from the same run):",
             "",
             *target_lines(data),
         ]
     return "\n".join(lines)
+
+
+def _compile_lines(data: dict[str, Any]) -> list[str]:
+    """What the compiled methods compiled at each B: graphs held and the warm-up's seconds
+    (fresh engines at every B; a timed run that compiled again is named)."""
+    parts = []
+    for entry in data["results"]:
+        for method, record in entry["methods"].items():
+            if "graphs" not in record:
+                continue
+            again = record.get("compile_seconds_timed") or 0
+            parts.append(
+                f"B = {entry['batch_size']}, {method}: {record['graphs']} graphs, "
+                f"{record['compile_seconds_warmup']:.0f} s compiling in the warm-up"
+                + (f", {again:.0f} s in the timed runs" if again else "")
+            )
+    if not parts:
+        return []
+    return ["", "Compiled methods (graphs per slot bucket of a batch's rows, "
+            "`flashspec.kv.slots`): " + "; ".join(parts) + "."]  # fmt: skip
 
 
 def compiled_section(runs: list[dict[str, Any]]) -> str:
