@@ -255,7 +255,7 @@ def run_batch(pair: Pair, prompts: Sequence[Prompt], settings: BatchSettings) ->
                 m: describe(engine_config(m, settings.gamma, runner.lookup, settings.compile))
                 for m in methods[1:]
             },
-            # On the compiled path batches of up to 32 rows run on static caches of fixed
+            # On the compiled path batches of up to 8 rows run on static caches of fixed
             # slots (flashspec.kv.slots); ``_compiled`` methods take it whatever this says.
             "compile": settings.compile,
             "compiled_path": {m: runner.engine(m).compiled.line() for m in methods[1:]},
