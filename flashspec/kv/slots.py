@@ -21,9 +21,8 @@ import torch
 
 SLOT_BUCKETS = (1, 2, 4, 8)
 """Slot counts a static batch cache is built with: a batch takes the smallest that holds it
-(one set of graphs per bucket, not per batch size). A larger batch runs eager: from 16 rows
-on, a verification's time is the matrix products', which the graphs do not shorten, while
-their spare slots and fixed capacity cost (``flashspec bench batch``, docs/engine.md)."""
+(one set of graphs per bucket, not per batch size). A larger batch runs eager, which
+``flashspec bench batch`` measured faster than 16- and 32-slot graphs (docs/engine.md)."""
 
 
 def slot_count(rows: int) -> int | None:
