@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,31 @@ TEXTS = [
 HELD = ["def sub(a, b):\n    return a - b\n\n" * 20]
 
 
+class ModelledClock:
+    """``time`` for the script with a ``perf_counter`` that advances ``TICK`` seconds a call:
+    a training budget then buys the same steps on every machine (on the wall clock, a 6-second
+    budget ran too few steps on one CPU for the held-out rise these tests ask)."""
+
+    TICK = 0.01
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += self.TICK
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def script() -> Any:
     spec = importlib.util.spec_from_file_location("train_draft", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["train_draft"] = module
     spec.loader.exec_module(module)
+    module.time = ModelledClock()
     return module
 
 
