@@ -16,6 +16,11 @@ server's usage counts) and requests per second of wall time over the whole level
 are threads of the same process as an in-process server, so they share its GIL (their work is
 small: socket reads and a JSON parse per chunk).
 
+The engine is built as ``flashspec serve`` builds it (``--compile auto``: the compiled path, its
+graphs for up to ``--max-batch`` rows compiled before the first request); ``--compile on off``
+loads one engine of each and runs every mode on both at each level, interleaved, so compiled
+batches can be compared with eager ones (``compiled_over_eager_tokens_per_s``).
+
 Writes ``benchmarks/results/serve_load.json`` (or ``--out``: machine, versions and git sha from
 ``flashspec.bench.machine_info``; one entry per level and mode, with its ``mode``, ``batching``
 and ``max_batch``; each batched mode's tokens/s over unbatched's) and prints a table. Not a
@@ -34,7 +39,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -42,7 +47,7 @@ from flashspec.bench import humaneval_prompts, machine_info, write_json
 
 DEFAULT_OUT = Path("benchmarks") / "results" / "serve_load.json"
 # mode -> the server's batching, and whether it uses --max-batch (else 1 row at a time).
-MODES: dict[str, tuple[str, bool]] = {
+MODES: dict[str, tuple[Literal["continuous", "static"], bool]] = {
     "continuous": ("continuous", True),
     "static": ("static", True),
     "unbatched": ("static", False),
@@ -205,17 +210,50 @@ def run_server(
 
 
 def speedups(rows: list[dict[str, Any]], levels: list[int]) -> dict[str, dict[str, float]]:
-    """Each batched mode's tokens/s over unbatched's at the same level: {mode: {clients: x}}."""
+    """Each batched mode's tokens/s over unbatched's at the same level and compile setting:
+    {label: {clients: x}} (a label is the mode, with ``/compiled`` or ``/eager`` after it when
+    both ran)."""
     out: dict[str, dict[str, float]] = {}
     for clients in levels:
-        by_mode = {r["mode"]: r for r in rows if r["clients"] == clients}
-        base = by_mode.get("unbatched", {}).get("tokens_per_s")
-        if not base:
-            continue
-        for label, row in by_mode.items():
-            if label != "unbatched":
-                out.setdefault(label, {})[str(clients)] = round(row["tokens_per_s"] / base, 2)
+        by_label = {r["label"]: r for r in rows if r["clients"] == clients}
+        for label, row in by_label.items():
+            mode, _, suffix = label.partition("/")
+            if mode == "unbatched":
+                continue
+            base = by_label.get("/".join(filter(None, ("unbatched", suffix))), {})
+            if base.get("tokens_per_s"):
+                ratio = round(row["tokens_per_s"] / base["tokens_per_s"], 2)
+                out.setdefault(label, {})[str(clients)] = ratio
     return out
+
+
+def compiled_over_eager(
+    rows: list[dict[str, Any]], levels: list[int]
+) -> dict[str, dict[str, float]]:
+    """Each mode's tokens/s with the compiled path over its tokens/s eager, at the same level:
+    {mode: {clients: x}} (empty unless both ran)."""
+    out: dict[str, dict[str, float]] = {}
+    for clients in levels:
+        at = {(r["mode"], r["compiled"]): r for r in rows if r["clients"] == clients}
+        for (mode, compiled), row in at.items():
+            eager = at.get((mode, False))
+            if compiled and eager and eager["tokens_per_s"]:
+                ratio = round(row["tokens_per_s"] / eager["tokens_per_s"], 2)
+                out.setdefault(mode, {})[str(clients)] = ratio
+    return out
+
+
+def build_engine(args: argparse.Namespace, compile_setting: str) -> Any:
+    """The engine ``flashspec serve`` would build for these flags (``--compile`` as given), its
+    graphs compiled before it serves when the compiled path is on, as the server does."""
+    from flashspec.flags.options import EngineOptions
+
+    options = EngineOptions(target=args.target or "demo", draft=args.draft, compile=compile_setting)
+    engine = options.build(long_lived=True)
+    if engine.compiled.on:
+        seconds = engine.warm_up(args.max_batch)
+        print(f"compile {compile_setting}: compiled in {seconds:.0f} s", file=sys.stderr)
+    return engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=16, help="batched modes' max_batch")
     parser.add_argument("--prompts", type=int, default=32, help="HumanEval prompts to cycle")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch)")
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        choices=["auto", "on", "off"],
+        default=["auto"],
+        help="in-process: the compiled path, as flashspec serve takes it (auto: on in a "
+        "server); several values: an engine of each, every mode run on each",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"({DEFAULT_OUT})")
     args = parser.parse_args(argv)
 
@@ -259,26 +305,30 @@ def main(argv: list[str] | None = None) -> int:
         parsed = urllib.parse.urlsplit(args.url)
         host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
         for clients in args.concurrency:
-            rows.append(run_server("url", host, port, args, prompts, clients, {"url": args.url}))
+            extra = {"url": args.url, "label": "url", "compiled": None}
+            rows.append(run_server("url", host, port, args, prompts, clients, extra))
     else:
         import torch
 
-        from flashspec import SpeculativeEngine
         from flashspec.serve import ServerThread, create_app
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         settings["torch_threads"] = torch.get_num_threads()
-        drafters = [args.draft] if args.draft else None
-        engine = SpeculativeEngine.from_pretrained(args.target, drafters)
-        # One engine, one server at a time (an engine has one worker). The modes' order
+        settings_list = list(dict.fromkeys(args.compile))
+        engines = [(setting, build_engine(args, setting)) for setting in settings_list]
+        # One engine, one server at a time (an engine has one worker). The runs' order
         # rotates per level, so drift in the machine's load does not always hit the same one.
         modes = list(dict.fromkeys(args.modes))
+        runs = [(label, setting, engine) for setting, engine in engines for label in modes]
         for level, clients in enumerate(args.concurrency):
-            shift = level % len(modes)
-            for label in modes[shift:] + modes[:shift]:
-                batching, batched = MODES[label]
+            shift = level % len(runs)
+            for mode, setting, engine in runs[shift:] + runs[:shift]:
+                batching, batched = MODES[mode]
                 max_batch = args.max_batch if batched else 1
+                compiled = bool(engine.compiled.on)
+                path = "compiled" if compiled else "eager"
+                label = mode if len(engines) == 1 else f"{mode}/{path}"
                 app = create_app(
                     engine,
                     model_name="load",
@@ -287,17 +337,17 @@ def main(argv: list[str] | None = None) -> int:
                     timeout_s=3600,
                     batching=batching,
                 )
+                extra = {
+                    "mode": mode,
+                    "label": label,
+                    "batching": batching,
+                    "max_batch": max_batch,
+                    "compile": setting,
+                    "compiled": compiled,
+                }
                 with ServerThread(app) as server:
                     rows.append(
-                        run_server(
-                            label,
-                            server.host,
-                            server.port,
-                            args,
-                            prompts,
-                            clients,
-                            {"batching": batching, "max_batch": max_batch},
-                        )
+                        run_server(label, server.host, server.port, args, prompts, clients, extra)
                     )
 
     speedup = speedups(rows, args.concurrency)
@@ -309,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings,
         "runs": rows,
         "speedup_tokens_per_s": speedup,
+        "compiled_over_eager_tokens_per_s": compiled_over_eager(rows, args.concurrency),
         # The earlier file's key: "batched" was static batching.
         "batched_speedup_tokens_per_s": speedup.get("static", {}),
     }

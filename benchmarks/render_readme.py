@@ -474,9 +474,19 @@ def serve_section(data: dict[str, Any]) -> str:
     modes = s.get("modes", ["batched", "unbatched"])
     target = s.get("target")
     model = "the demo pair" if target in (None, "demo") else f"`{target}` (its default engine)"
+    compile_settings = s.get("compile")
     command = "python benchmarks/load_server.py" + (
         "" if target in (None, "demo") else f" --target {target}"
     )
+    if compile_settings:
+        command += " --compile " + " ".join(compile_settings)
+        path = (
+            "each mode on a compiled engine and an eager one (`/compiled`, `/eager`)"
+            if len(compile_settings) > 1
+            else f"the engine built as `flashspec serve --compile {compile_settings[0]}` builds it"
+        )
+    else:  # files from before the flag: SpeculativeEngine.from_pretrained, eager on a CPU
+        path = "an eager engine"
     lines = [
         f"`{command}` ({_versions(data['machine'])}): {model}, "
         f"{s['requests']} requests per client of {_serve_budget(s['max_tokens'])} new tokens, "
@@ -485,18 +495,27 @@ def serve_section(data: dict[str, Any]) -> str:
         f"--max-batch {s['max_batch']}` (requests join the running batch between rounds), "
         f"static = `--batching static --max-batch {s['max_batch']}` (they wait for the next "
         "batch), unbatched = `--max-batch 1`; the modes "
-        f"({', '.join(modes)}) alternate at each level. Ratios: tokens/s over the same "
-        "level's static and unbatched runs.",
+        f"({', '.join(modes)}) alternate at each level; {path}. Ratios: tokens/s over the "
+        "same level's static and unbatched runs (with the same compile setting).",
         "",
         "| clients | mode | tokens/s | vs static | vs unbatched | requests/s "
         "| latency p50 / p90 / p99 (s) | TTFT p50 / p99 (s) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    runs = sorted(data["runs"], key=lambda r: (r["clients"], _SERVE_MODES.get(r["mode"], 3)))
-    by_level = {(r["clients"], r["mode"]): r["tokens_per_s"] for r in runs}
+
+    def label(r: dict[str, Any]) -> str:
+        return str(r.get("label", r["mode"]))
+
+    runs = sorted(
+        data["runs"],
+        key=lambda r: (r["clients"], not r.get("compiled"), _SERVE_MODES.get(r["mode"], 3)),
+    )
+    by_level = {(r["clients"], label(r)): r["tokens_per_s"] for r in runs}
 
     def ratio(r: dict[str, Any], other: str) -> str:
-        base = by_level.get((r["clients"], other)) or by_level.get((r["clients"], "batched"))
+        suffix = label(r).partition("/")[2]
+        named = "/".join(filter(None, (other, suffix)))
+        base = by_level.get((r["clients"], named)) or by_level.get((r["clients"], "batched"))
         if not base or r["mode"] == other:
             return ""
         return f"{r['tokens_per_s'] / base:.2f}x"
@@ -504,10 +523,17 @@ def serve_section(data: dict[str, Any]) -> str:
     for r in runs:
         lat, ttft = r["latency_s"], r["ttft_s"]
         lines.append(
-            f"| {r['clients']} | {r['mode']} | {r['tokens_per_s']:.1f} | {ratio(r, 'static')} | "
+            f"| {r['clients']} | {label(r)} | {r['tokens_per_s']:.1f} | {ratio(r, 'static')} | "
             f"{ratio(r, 'unbatched')} | {r['requests_per_s']:.2f} | {lat['p50']:.2f} / "
             f"{lat['p90']:.2f} / {lat['p99']:.2f} | {ttft['p50']:.2f} / {ttft['p99']:.2f} |"
         )
+    over = data.get("compiled_over_eager_tokens_per_s") or {}
+    if over:
+        parts = [
+            f"{mode} " + ", ".join(f"{x:.2f}x at {n}" for n, x in by_clients.items())
+            for mode, by_clients in over.items()
+        ]
+        lines += ["", "Compiled over eager, tokens/s, same mode and clients: " + "; ".join(parts)]
     return "\n".join(lines)
 
 
