@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-batch", type=int, default=16, help="batched modes' max_batch")
     parser.add_argument("--prompts", type=int, default=32, help="HumanEval prompts to cycle")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: as flashspec serve)"
+    )
     parser.add_argument(
         "--compile",
         nargs="+",
@@ -311,9 +313,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from flashspec.serve import ServerThread, create_app
+        from flashspec.serve.threads import serving_threads
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        # The threads flashspec serve would run (one core left to the event loop on a CPU).
+        count, why = serving_threads(args.threads, "cpu", torch.get_num_threads())
+        if count is not None:
+            torch.set_num_threads(count)
+        print(why, file=sys.stderr)
         settings["torch_threads"] = torch.get_num_threads()
         settings_list = list(dict.fromkeys(args.compile))
         engines = [(setting, build_engine(args, setting)) for setting in settings_list]

@@ -72,6 +72,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="rows per engine batch at most; 1 disables batching (8)",
     )
     serve.add_argument(
+        "--threads",
+        type=argtypes.positive_int,
+        default=None,
+        help="torch's CPU threads (default on a CPU: one fewer than torch's own, at least 1, "
+        "so the server's event loop keeps a core; OMP_NUM_THREADS, when set, is kept)",
+    )
+    serve.add_argument(
         "--batching",
         choices=BATCHING_MODES,
         default="continuous",
@@ -134,6 +141,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return serve
 
 
+def _set_threads(args: argparse.Namespace) -> None:
+    """Set torch's intra-op threads for serving (``flashspec.serve.threads``) and say so."""
+    import torch
+
+    from ..serve.threads import serving_threads
+
+    count, why = serving_threads(args.threads, str(args.device), torch.get_num_threads())
+    if count is not None:
+        torch.set_num_threads(count)
+    print(f"flashspec serve: {why}", file=sys.stderr, flush=True)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """``flashspec serve``: build the engine, then serve it until interrupted."""
     missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
@@ -153,7 +172,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     quiet_libraries()
     if args.replicas is not None or args.max_replicas is not None:
+        if args.threads is not None:
+            raise UserError(
+                "--threads sets one process's torch threads; replicas take theirs from "
+                "--replica-cpus: drop --threads"
+            )
         return _serve_replicas(args, api_key)
+    _set_threads(args)
     engine = EngineOptions.from_args(args).build(long_lived=True)
     if engine.compiled.on:
         print(
