@@ -313,13 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from flashspec.serve import ServerThread, create_app
-        from flashspec.serve.threads import serving_threads
+        from flashspec.serve.threads import apply_serving_threads
 
         # The threads flashspec serve would run (one core left to the event loop on a CPU).
-        count, why = serving_threads(args.threads, "cpu", torch.get_num_threads())
-        if count is not None:
-            torch.set_num_threads(count)
-        print(why, file=sys.stderr)
+        print(apply_serving_threads(args.threads, "cpu"), file=sys.stderr)
         settings["torch_threads"] = torch.get_num_threads()
         settings_list = list(dict.fromkeys(args.compile))
         engines = [(setting, build_engine(args, setting)) for setting in settings_list]

@@ -141,18 +141,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return serve
 
 
-def _set_threads(args: argparse.Namespace) -> None:
-    """Set torch's intra-op threads for serving (``flashspec.serve.threads``) and say so."""
-    import torch
-
-    from ..serve.threads import serving_threads
-
-    count, why = serving_threads(args.threads, str(args.device), torch.get_num_threads())
-    if count is not None:
-        torch.set_num_threads(count)
-    print(f"flashspec serve: {why}", file=sys.stderr, flush=True)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """``flashspec serve``: build the engine, then serve it until interrupted."""
     missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
@@ -178,7 +166,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "--replica-cpus: drop --threads"
             )
         return _serve_replicas(args, api_key)
-    _set_threads(args)
+    from ..serve.threads import apply_serving_threads
+
+    why = apply_serving_threads(args.threads, str(args.device))
+    print(f"flashspec serve: {why}", file=sys.stderr, flush=True)
     engine = EngineOptions.from_args(args).build(long_lived=True)
     if engine.compiled.on:
         print(

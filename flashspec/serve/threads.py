@@ -42,4 +42,15 @@ def serving_threads(
     )
 
 
-__all__ = ["OMP_ENV", "serving_threads"]
+def apply_serving_threads(requested: int | None, device: str) -> str:
+    """Set torch's intra-op threads as ``serving_threads`` says (``flashspec serve`` and the
+    load benchmark's in-process server both do); returns its line."""
+    import torch
+
+    count, why = serving_threads(requested, device, torch.get_num_threads())
+    if count is not None:
+        torch.set_num_threads(count)
+    return why
+
+
+__all__ = ["OMP_ENV", "apply_serving_threads", "serving_threads"]
