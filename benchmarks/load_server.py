@@ -251,7 +251,7 @@ def build_engine(args: argparse.Namespace, compile_setting: str) -> Any:
     options = EngineOptions(target=args.target or "demo", draft=args.draft, compile=compile_setting)
     engine = options.build(long_lived=True)
     if engine.compiled.on:
-        seconds = engine.warm_up(args.max_batch)
+        seconds = engine.warm_up(args.max_batch, freeze=True)
         print(f"compile {compile_setting}: compiled in {seconds:.0f} s", file=sys.stderr)
     return engine
 

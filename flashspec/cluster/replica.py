@@ -57,7 +57,7 @@ class EngineReplica:
         self.settings = settings
         engine = settings.engine.build(long_lived=True)
         if engine.compiled.on:
-            seconds = await asyncio.to_thread(engine.warm_up)
+            seconds = await asyncio.to_thread(engine.warm_up, settings.max_batch, freeze=True)
             logger.info("replica %s compiled its steps in %.0f s", self.replica, seconds)
         self.app = create_app(
             engine,

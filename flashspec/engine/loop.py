@@ -139,16 +139,20 @@ class SpeculativeEngine:
         # round whose rows drafted fewer then costs what it verified, not the rectangle.
         self._packs = packs_dead_columns(target.model)
 
-    def warm_up(self, rows: int = 1) -> float:
+    def warm_up(self, rows: int = 1, *, freeze: bool = False) -> float:
         """Compile the compiled path's steps now instead of in the first generation (no-op
         when the path is off), for batches of up to ``rows`` rows (every slot bucket's graphs
-        up to theirs, ``flashspec.kv.slots``); returns the seconds it took."""
+        up to theirs, ``flashspec.kv.slots``), in the smallest context bucket
+        (``flashspec.compiled.static.MIN_COLUMNS`` columns); returns the seconds it took.
+        ``freeze`` (the server): compile nothing after this; a generation whose context or
+        batch needs graphs the warm-up did not make runs eager instead of stalling every
+        stream for the seconds a compile takes."""
         began = time.perf_counter()
         if self.compiled.on:
-            self.target.warm_up(rows)
+            self.target.warm_up(rows, freeze=freeze)
             for drafter in self.drafters:
                 if drafter.lm is not None:
-                    drafter.lm.warm_up(rows)
+                    drafter.lm.warm_up(rows, freeze=freeze)
         return time.perf_counter() - began
 
     @classmethod

@@ -165,6 +165,9 @@ class CausalLM:
         self.compiled: CompiledForward | None = None
         # Static caches by (capacity, slots), kept across generations.
         self._statics: dict[tuple[int, int], Any] = {}
+        # After ``warm_up(freeze=True)``: the (capacity, slots) buckets it compiled, the only
+        # ones a generation may take (another runs eager rather than wait for a compile).
+        self._frozen: frozenset[tuple[int, int]] | None = None
         self._tree_nodes: tuple[int, int] | None = None  # a tree's (first column, nodes)
 
     def _new_cache(self) -> Any:
@@ -202,6 +205,8 @@ class CausalLM:
         capacity = capacity_for(columns)
         if self.max_context is not None:
             capacity = min(capacity, max(self.max_context, columns))
+        if not self._compiled_bucket(capacity, slots):
+            return
         cache = self._statics.get((capacity, slots))
         if cache is None:
             cache = self._statics[capacity, slots] = new_static_cache(self.model, capacity)
@@ -209,12 +214,26 @@ class CausalLM:
         self.kv.static = True
         self.kv.slots = slots
 
-    def warm_up(self, rows: int = 1) -> None:
+    def _compiled_bucket(self, capacity: int, slots: int) -> bool:
+        """Whether a generation may run in the static cache of ``capacity`` columns and
+        ``slots`` slots: always, unless ``warm_up(freeze=True)`` compiled other buckets only."""
+        return self._frozen is None or (capacity, slots) in self._frozen
+
+    def warm_up(self, rows: int = 1, freeze: bool = False) -> None:
         """Compile every compiled length now, in the smallest capacity bucket (a server does
         this before it listens, so that no request waits for a compile), for batches of
-        ``rows`` rows (their slot bucket's graphs) when that is more than one."""
+        ``rows`` rows (their slot bucket's graphs) when that is more than one. ``freeze``:
+        nothing is compiled after this; a generation that needs another bucket (a longer
+        context, more slots) runs eager, since a compile while serving stalls every stream
+        for seconds."""
         if self.compiled is None:
             return
+        self._warm_up(rows)
+        if freeze:
+            self._frozen = frozenset(self._statics)
+
+    def _warm_up(self, rows: int) -> None:
+        assert self.compiled is not None
         capacity = MIN_COLUMNS
         if self.max_context is not None:
             capacity = min(capacity, self.max_context)
@@ -289,6 +308,9 @@ class CausalLM:
             if self.max_context is not None:
                 wider = min(wider, max(self.max_context, columns))
         if slots is None or not initialized(self.kv.cache):
+            self._leave_static()
+            return False
+        if not self._compiled_bucket(wider, slots):
             self._leave_static()
             return False
         cache = self._statics.get((wider, slots))

@@ -245,3 +245,50 @@ def test_warm_up_compiles_before_the_first_generation() -> None:
     assert [(set(part.graphs), part.compile_seconds) for part in parts] == before
     assert result.stats.time_compile == 0.0 and "time_compile" in result.stats.as_dict()
     assert all(part.compiled_calls > len(part.lengths) for part in parts)
+
+
+def _hf_greedy(target: torch.nn.Module, prompt: str) -> list[int]:
+    ids = torch.tensor([tokenizer()(prompt)["input_ids"]])
+    with torch.inference_mode():
+        out = target.generate(ids, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)  # type: ignore[operator]
+    new: list[int] = out[0, ids.shape[1] :].tolist()
+    eos = target.generation_config.eos_token_id  # type: ignore[union-attr]
+    return new[: new.index(eos) + 1] if eos in new else new
+
+
+def test_frozen_warm_up_compiles_nothing_while_serving() -> None:
+    """``warm_up(rows, freeze=True)`` (the server's): a context longer than the warmed bucket
+    and a batch of more slots than warmed run eager, with the same tokens, instead of
+    compiling while other streams wait; what was warmed still runs compiled."""
+    from flashspec.compiled.static import MIN_COLUMNS
+    from tests.helpers.greedy import check_against
+    from tests.helpers.models import perturbed_copy
+
+    target = build_llama(0, init_range=0.3, max_positions=4 * MIN_COLUMNS)
+    draft = perturbed_copy(target, 0.02, seed=1)
+    engine = SpeculativeEngine(
+        FlashSpecConfig(sampling=SamplingConfig(gamma=2), compile=True),
+        [ModelDrafter(draft, name="draft")],
+        TargetModel("tiny", model=target, tokenizer=tokenizer()),
+    )
+    engine.warm_up(2, freeze=True)
+    parts = compiled_parts(engine)
+
+    def compiled_shapes() -> list[object]:
+        return [(set(p.graphs), set(p.batch_graphs), p.compile_seconds) for p in parts]
+
+    before = compiled_shapes()
+    long = "def quicksort(arr):\n" * (MIN_COLUMNS // 16)  # past the warmed context bucket
+    assert len(tokenizer()(long)["input_ids"]) > MIN_COLUMNS
+    short = ["x = 1", "hello world", "import os"]  # three rows: the 4-slot bucket, not warmed
+    result = engine.generate(long, MAX_NEW)
+    check_against(target, long, result.tokens[0], _hf_greedy(target, long))
+    batch = engine.generate(short, MAX_NEW)
+    for prompt, tokens in zip(short, batch.tokens, strict=True):
+        check_against(target, prompt, tokens, _hf_greedy(target, prompt))
+    assert compiled_shapes() == before
+    calls = engine.target.compiled.compiled_calls  # type: ignore[union-attr]
+    alone = engine.generate(short[0], MAX_NEW)
+    check_against(target, short[0], alone.tokens[0], _hf_greedy(target, short[0]))
+    assert engine.target.compiled.compiled_calls > calls  # type: ignore[union-attr]
+    assert compiled_shapes() == before
