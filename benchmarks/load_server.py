@@ -10,11 +10,13 @@ Without ``--url`` the script loads the engine once and serves it in-process in t
 ``static`` (the same ``--max-batch``, requests wait for the next batch) and ``unbatched``
 (max_batch 1). At each level every mode runs once, in an order that rotates from level to
 level. Each client sends ``--requests`` streaming greedy completions one after another
-(HumanEval prompts, in turn); a request's latency runs from sending it to its last byte, its
-time to first token to the first chunk with text. Throughput is completion tokens (the
-server's usage counts) and requests per second of wall time over the whole level. The clients
-are threads of the same process as an in-process server, so they share its GIL (their work is
-small: socket reads and a JSON parse per chunk).
+(HumanEval prompts; the k-th requests of the clients carry consecutive prompts, so requests in
+flight together differ: identical prompts side by side would measure static batching's
+sharing of a prompt read, ``share_prompts``, rather than batching); a request's latency runs
+from sending it to its last byte, its time to first token to the first chunk with text.
+Throughput is completion tokens (the server's usage counts) and requests per second of wall
+time over the whole level. The clients are threads of the same process as an in-process
+server, so they share its GIL (their work is small: socket reads and a JSON parse per chunk).
 
 The engine is built as ``flashspec serve`` builds it (``--compile auto``: the compiled path, its
 graphs for up to ``--max-batch`` rows compiled before the first request); ``--compile on off``
@@ -120,7 +122,8 @@ def run_level(
     headers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``clients`` threads, each sending ``requests`` requests back to back; request k of client
-    i asks for ``max_tokens[(i + k) % len(max_tokens)]`` tokens. With ``headers``, the result
+    i sends prompt ``(k * clients + i) % len(prompts)`` and asks for
+    ``max_tokens[(i + k) % len(max_tokens)]`` tokens. With ``headers``, the result
     also counts each of those response headers' values over the answered requests that sent
     it (``"headers_seen"``: {name: {value: requests}})."""
     results: list[dict[str, Any]] = []
@@ -129,7 +132,7 @@ def run_level(
 
     def client(index: int) -> None:
         for k in range(requests):
-            prompt = prompts[(index * requests + k) % len(prompts)]
+            prompt = prompts[(k * clients + index) % len(prompts)]
             budget = max_tokens[(index + k) % len(max_tokens)]
             try:
                 got = one_request(host, port, prompt, budget, api_key, headers)
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         help="in-process: the server modes to compare (all three)",
     )
     parser.add_argument("--max-batch", type=int, default=16, help="batched modes' max_batch")
-    parser.add_argument("--prompts", type=int, default=32, help="HumanEval prompts to cycle")
+    parser.add_argument("--prompts", type=int, default=164, help="HumanEval prompts to cycle")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: as flashspec serve)"
     )
@@ -302,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in vars(args).items()
         if key not in ("api_key", "out") and value is not None
     }
+    settings["prompt_order"] = "distinct"  # requests in flight together carry different prompts
     rows: list[dict[str, Any]] = []
     if args.url is not None:
         parsed = urllib.parse.urlsplit(args.url)

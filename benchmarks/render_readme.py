@@ -487,11 +487,13 @@ def serve_section(data: dict[str, Any]) -> str:
         )
     else:  # files from before the flag: SpeculativeEngine.from_pretrained, eager on a CPU
         path = "an eager engine"
+    # Files before "prompt_order" cycled 32 prompts, several clients sending the same one.
+    order = " (distinct among the requests in flight)" if s.get("prompt_order") else ""
     lines = [
         f"`{command}` ({_versions(data['machine'])}): {model}, "
         f"{s['requests']} requests per client of {_serve_budget(s['max_tokens'])} new tokens, "
         "HumanEval "
-        f"prompts, clients in the server's process; continuous = `--batching continuous "
+        f"prompts{order}, clients in the server's process; continuous = `--batching continuous "
         f"--max-batch {s['max_batch']}` (requests join the running batch between rounds), "
         f"static = `--batching static --max-batch {s['max_batch']}` (they wait for the next "
         "batch), unbatched = `--max-batch 1`; the modes "
