@@ -172,9 +172,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"flashspec serve: {why}", file=sys.stderr, flush=True)
     engine = EngineOptions.from_args(args).build(long_lived=True)
     if engine.compiled.on:
-        from ..compiled.static import MIN_COLUMNS
-        from ..kv.slots import SLOT_BUCKETS
-
         print(
             "flashspec serve: compiling the draft and verify steps before listening "
             "(the first time on a machine takes about a minute on a small CPU; --compile off "
@@ -183,10 +180,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         seconds = engine.warm_up(args.max_batch, freeze=True)
+        buckets = engine.target.frozen_buckets or frozenset({(0, 0)})
         print(
             f"flashspec serve: compiled in {seconds:.0f} s, for batches of up to "
-            f"{min(args.max_batch, SLOT_BUCKETS[-1])} rows and contexts of up to {MIN_COLUMNS} "
-            "columns; larger ones run eager (nothing compiles while serving)",
+            f"{max(slots for _, slots in buckets)} rows and contexts of up to "
+            f"{max(columns for columns, _ in buckets)} columns; larger ones run eager "
+            "(nothing compiles while serving)",
             file=sys.stderr,
             flush=True,
         )

@@ -219,6 +219,12 @@ class CausalLM:
         ``slots`` slots: always, unless ``warm_up(freeze=True)`` compiled other buckets only."""
         return self._frozen is None or (capacity, slots) in self._frozen
 
+    @property
+    def frozen_buckets(self) -> frozenset[tuple[int, int]] | None:
+        """The (capacity, slots) buckets that ``warm_up(freeze=True)`` compiled, the only
+        ones generations run compiled in; None when nothing is frozen."""
+        return self._frozen
+
     def warm_up(self, rows: int = 1, freeze: bool = False) -> None:
         """Compile every compiled length now, in the smallest capacity bucket (a server does
         this before it listens, so that no request waits for a compile), for batches of
@@ -307,10 +313,11 @@ class CausalLM:
             wider = capacity_for(columns)
             if self.max_context is not None:
                 wider = min(wider, max(self.max_context, columns))
-        if slots is None or not initialized(self.kv.cache):
-            self._leave_static()
-            return False
-        if not self._compiled_bucket(wider, slots):
+        if (
+            slots is None
+            or not initialized(self.kv.cache)
+            or not self._compiled_bucket(wider, slots)
+        ):
             self._leave_static()
             return False
         cache = self._statics.get((wider, slots))

@@ -271,7 +271,9 @@ def test_frozen_warm_up_compiles_nothing_while_serving() -> None:
         [ModelDrafter(draft, name="draft")],
         TargetModel("tiny", model=target, tokenizer=tokenizer()),
     )
+    assert engine.target.frozen_buckets is None
     engine.warm_up(2, freeze=True)
+    assert engine.target.frozen_buckets == {(MIN_COLUMNS, 1), (MIN_COLUMNS, 2)}
     parts = compiled_parts(engine)
 
     def compiled_shapes() -> list[object]:
