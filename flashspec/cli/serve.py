@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 from ..cluster.settings import RAY_ADDRESS_ENV  # stdlib only: no Ray
@@ -261,6 +263,7 @@ def _serve_replicas(args: argparse.Namespace, api_key: str | None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    _stop_on_signals()
     try:
         cluster.start()
         print(
@@ -276,3 +279,17 @@ def _serve_replicas(args: argparse.Namespace, api_key: str | None) -> int:
     finally:
         cluster.stop()
     return 0
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM stop the replicas through ``Cluster.stop``, as uvicorn's handlers
+    stop the single-process server. Python raises KeyboardInterrupt on SIGINT only when
+    SIGINT was not ignored at start, and a shell starts background jobs with it ignored (a
+    server launched with ``&`` then never stopped on Ctrl-C); SIGTERM, what ``docker stop``,
+    systemd and Kubernetes send, would end the process without taking Ray down."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)

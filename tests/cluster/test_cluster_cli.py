@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -98,8 +99,14 @@ def get(port: int, path: str, body: dict[str, Any] | None = None) -> tuple[int, 
         connection.close()
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.ray
 def test_serve_replicas_end_to_end() -> None:
+    """Two replicas answer, and Ctrl-C stops them, also when the server starts with SIGINT
+    ignored (as a shell starts a background job: Python's own KeyboardInterrupt is off)."""
     pytest.importorskip("ray")
     with serve_run.bind("127.0.0.1", 0) as probe:
         port = probe.getsockname()[1]
@@ -110,6 +117,7 @@ def test_serve_replicas_end_to_end() -> None:
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
+        preexec_fn=_ignore_sigint,
     )  # fmt: skip
     assert process.stderr is not None
     lines: list[str] = []
