@@ -37,6 +37,7 @@ PAGES: dict[str, Path] = {
     "SMOLLM2-DRAFT": DOCS / "models.md",
     "QUANT-KERNEL": DOCS / "quantized.md",
     "SMOLLM2-QUANT": DOCS / "quantized.md",
+    "SMOLLM2-MEMORY": DOCS / "quantized.md",
     "SMOLLM2-Q4KM": DOCS / "quantized.md",
     "LENGTHS": DOCS / "adaptive.md",
     "API-FIELDS": DOCS / "engine.md",
@@ -59,6 +60,7 @@ SMOLLM2_TREE_JSON = RESULTS / "smollm2-draft-tree.json"
 QUANT_JSON = RESULTS / "quant.json"
 SMOLLM2_QUANT_JSON = RESULTS / "smollm2-quant.json"
 SMOLLM2_Q4KM_JSON = RESULTS / "smollm2-q4_k_m-quant.json"
+SMOLLM2_MEMORY_JSON = RESULTS / "smollm2-memory.json"
 API_FIELDS_JSON = RESULTS / "api-fields.json"
 LENGTHS_JSONS = [RESULTS / "engine-lengths.json", RESULTS / "smollm2-lengths.json"]
 # flashspec bench batch: the demo pair, then other targets (batch-smollm2.json, ...).
@@ -1112,17 +1114,7 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
             ])  # fmt: skip
         lines += ["", f"**{workload}** ({next(iter(methods.values()))['prompts']} requests):", ""]
         lines += _markdown(rows)
-    memory = data.get("resident_mb_after_load") or {}
-    if memory:
-        parts = [f"{k} {v:.0f} MB" if isinstance(v, (int, float)) else f"{k}: failed"
-                 for k, v in memory.items()]  # fmt: skip
-        lines += ["", "Resident memory after loading, each in a fresh process: "
-                  + ", ".join(parts) + "."]  # fmt: skip
-        if "imports" in memory:
-            lines += ["", "`imports` is a process that only imports torch and transformers' "
-                      "Llama model code: what any engine on transformers' models holds before "
-                      "a weight loads; `file` is the GGUF's size, the weights every token reads; "
-                      "`llamacpp_alone` is llama.cpp in a process without torch."]  # fmt: skip
+    lines += _memory_lines(data)
     notes = settings.get("notes") or {}
     if notes:
         lines += ["", "Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) + "."]
@@ -1150,6 +1142,49 @@ def smollm2_quant_section(data: dict[str, Any]) -> str:
                   f"{steps['repeats']}, the two forwards interleaved; the prefill from an empty "
                   "cache):", ""]  # fmt: skip
         lines += _markdown(rows)
+    return "\n".join(lines)
+
+
+def _memory_lines(data: dict[str, Any]) -> list[str]:
+    """The resident-memory readings of a ``smollm2_quant.py`` run (none: no lines)."""
+    loaded = data.get("resident_mb_after_load") or {}
+    if not loaded:
+        return []
+    generated = data.get("resident_mb_after_generate") or {}
+    n = data["settings"]["max_new_tokens"]
+
+    def mb(value: Any) -> str:
+        return f"{value:.0f}" if isinstance(value, (int, float)) else "failed"
+
+    if not generated:  # runs before the after-generation reading
+        parts = [f"{k} {mb(v)} MB" for k, v in loaded.items()]
+        lines = ["", "Resident memory after loading, each in a fresh process: "
+                 + ", ".join(parts) + "."]  # fmt: skip
+    else:
+        rows = [["process", "MB after load", f"MB after {n} tokens"]]
+        rows += [[k, mb(v), mb(generated[k]) if k in generated else "-"]
+                 for k, v in loaded.items()]  # fmt: skip
+        lines = ["", "Resident memory (VmRSS), each in a fresh process, after loading and after "
+                 f"generating the reply to one chat request ({n} tokens at most):", ""]  # fmt: skip
+        lines += _markdown(rows)
+    if "imports" in loaded:
+        lines += ["", "`imports` is a process that only imports torch and transformers' "
+                  "Llama model code: what any engine on transformers' models holds before "
+                  "a weight loads; `file` is the GGUF's size, the weights every token reads; "
+                  "`llamacpp_alone` is llama.cpp in a process without torch."]  # fmt: skip
+    return lines
+
+
+def smollm2_memory_section(data: dict[str, Any]) -> str:
+    """``benchmarks/smollm2_quant.py --memory``: resident memory of each way to run SmolLM2."""
+    m, settings = data["machine"], data["settings"]
+    lines = [f"`python benchmarks/smollm2_quant.py --memory` ({_versions(m)}; "
+             f"{data['wall_seconds']:.0f} s in all; each process run once before the measured "
+             "one, so caches a first load writes are not counted)."]  # fmt: skip
+    lines += _memory_lines(data)
+    notes = settings.get("notes") or {}
+    if notes:
+        lines += ["", "Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) + "."]
     return "\n".join(lines)
 
 
@@ -1298,6 +1333,8 @@ def sections() -> dict[str, str]:
         bodies["SMOLLM2-QUANT"] = smollm2_quant_section(_load(SMOLLM2_QUANT_JSON))
     if SMOLLM2_Q4KM_JSON.exists():
         bodies["SMOLLM2-Q4KM"] = smollm2_quant_section(_load(SMOLLM2_Q4KM_JSON))
+    if SMOLLM2_MEMORY_JSON.exists():
+        bodies["SMOLLM2-MEMORY"] = smollm2_memory_section(_load(SMOLLM2_MEMORY_JSON))
     if API_FIELDS_JSON.exists():
         bodies["API-FIELDS"] = api_fields_section(_load(API_FIELDS_JSON))
     lengths = [_load(path) for path in LENGTHS_JSONS if path.exists()]

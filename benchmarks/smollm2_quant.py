@@ -3,6 +3,7 @@
     python benchmarks/smollm2_quant.py                        # 6 HumanEval + 6 chat requests
     python benchmarks/smollm2_quant.py --humaneval 1 --chat 1 --max-new-tokens 16 --quick
     python benchmarks/smollm2_quant.py --target PATH.gguf --out FILE   # another GGUF of it
+    python benchmarks/smollm2_quant.py --memory               # resident memory only
 
 Methods, on each held-out chat request one after another in a rotating order, after an
 untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
@@ -19,12 +20,15 @@ untimed warm-up, greedy, 128 new tokens, the same token ids for every method:
 Greedy rows of flashspec are checked against ``hf_fp32`` (transformers' dequantized model) under
 the tie rule (``flashspec.bench.identity.compare_greedy``); llama.cpp's against it too (it
 quantizes activations, so its text may differ). Resident memory after loading each method's
-model is measured in a fresh process (``--rss METHOD``), beside two references: ``imports``,
+model, and again after it generated the reply to the first chat request, is measured in a fresh
+process (``--rss METHOD``), beside two references: ``imports``,
 a process that only imports torch and transformers' Llama model code (what any engine built on
 transformers' models holds before a weight loads), and ``llamacpp_alone``, llama.cpp loaded in
 a process without torch (the ``llamacpp`` entry imports this benchmark's torch too). Then the
 cost of one target forward of 1..5 rows (a step, a verification) after 150 and 1,000 tokens,
 and of a prompt's prefill, with the fused C decoder step and without it.
+``--memory`` runs only those, each process once untimed first (so the conversions and
+metadata caches a first load writes are not counted), into ``results/smollm2-memory.json``.
 Writes ``benchmarks/results/smollm2-quant.json``: machine, versions, git sha, per-request
 records, per workload and method the medians of tokens/s and of the ratio to llama.cpp plain
 and to HF fp32. Not a test: numbers depend on load.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -138,59 +143,58 @@ class Methods:
     def names(self) -> list[str]:
         return [m for m in METHODS if m in self.objects]
 
-    @torch.inference_mode()
-    def _plain(self, ids: list[int], n: int) -> list[int]:
-        target = self.objects["fs_plain"].target
-        target.reset()
-        padding = Padding(torch.zeros(1, dtype=torch.int64))
-        x = torch.tensor([ids], dtype=torch.int64)
-        out: list[int] = []
-        logits = target.forward(x, padding, 1)
-        while len(out) < n:
-            token = int(logits[0, -1].argmax())
-            out.append(token)
-            if token in self.eos:
-                break
-            logits = target.forward(torch.tensor([[token]]), padding, 1)
-        return out
-
-    def _llama(self, llm: Any, ids: list[int], n: int) -> list[int]:
-        out: list[int] = []
-        llm.reset()
-        for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, reset=True):
-            out.append(int(token))
-            if int(token) in self.eos or len(out) >= n:
-                break
-        return out
-
     def run(self, method: str, ids: list[int], n: int) -> dict[str, Any]:
-        obj = self.objects[method]
-        record: dict[str, Any] = {}
-        x = torch.tensor([ids], dtype=torch.int64)
         with quiet_timing():
             start = time.perf_counter()
-            if method == "fs_default":
-                result = obj.generate(input_ids=x, max_new_tokens=n)
-                tokens = list(result.tokens[0])
-                record.update(rounds=result.stats.rounds, accepted=result.stats.accepted,
-                              drafted=result.stats.drafted)  # fmt: skip
-            elif method == "fs_plain":
-                tokens = self._plain(ids, n)
-            elif method.startswith("hf_"):
-                model = obj.target.model
-                with untuned(model), torch.inference_mode():
-                    out = model.generate(
-                        x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                        temperature=None, top_p=None, top_k=None, eos_token_id=self.eos,
-                        pad_token_id=self.eos[0],
-                    )  # fmt: skip
-                tokens = out[0, len(ids) :].tolist()
-            else:
-                tokens = self._llama(obj, ids, n)
+            record = decode(method, self.objects[method], ids, n, self.eos)
             seconds = time.perf_counter() - start
-        record.update(tokens=[int(t) for t in tokens], seconds=seconds,
-                      new_tokens=len(tokens), tokens_per_second=len(tokens) / seconds)  # fmt: skip
+        tokens = record["tokens"]
+        record.update(seconds=seconds, new_tokens=len(tokens),
+                      tokens_per_second=len(tokens) / seconds)  # fmt: skip
         return record
+
+
+def decode(method: str, obj: Any, ids: list[int], n: int, eos: list[int]) -> dict[str, Any]:
+    """Greedy continuation of ``ids`` (at most ``n`` tokens) by ``method``'s object (``load``):
+    ``{"tokens": [...]}``, with the engine's round counters for ``fs_default``."""
+    x = torch.tensor([ids], dtype=torch.int64)
+    if method == "fs_default":
+        result = obj.generate(input_ids=x, max_new_tokens=n)
+        return {"tokens": [int(t) for t in result.tokens[0]], "rounds": result.stats.rounds,
+                "accepted": result.stats.accepted, "drafted": result.stats.drafted}  # fmt: skip
+    if method == "fs_plain":
+        return {"tokens": _plain(obj.target, x, n, eos)}
+    if method.startswith("hf_"):
+        model = obj.target.model
+        with untuned(model), torch.inference_mode():
+            out = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                temperature=None, top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos[0],
+            )  # fmt: skip
+        return {"tokens": [int(t) for t in out[0, len(ids) :]]}
+    tokens: list[int] = []
+    obj.reset()
+    for token in obj.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, reset=True):
+        tokens.append(int(token))
+        if int(token) in eos or len(tokens) >= n:
+            break
+    return {"tokens": tokens}
+
+
+@torch.inference_mode()
+def _plain(target: Any, x: torch.Tensor, n: int, eos: list[int]) -> list[int]:
+    """Plain decoding on flashspec's target: one forward a token, the argmax."""
+    target.reset()
+    padding = Padding(torch.zeros(1, dtype=torch.int64))
+    out: list[int] = []
+    logits = target.forward(x, padding, 1)
+    while len(out) < n:
+        token = int(logits[0, -1].argmax())
+        out.append(token)
+        if token in eos:
+            break
+        logits = target.forward(torch.tensor([[token]]), padding, 1)
+    return out
 
 
 def measure(methods: Methods, chosen: list[ChatRequest], n: int) -> list[dict[str, Any]]:
@@ -292,36 +296,107 @@ def step_costs(engine: Any) -> dict[str, Any]:
 
 
 LLAMACPP_ALONE = """
-import sys
+import json, sys
 import llama_cpp
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
 model = llama_cpp.Llama(model_path=sys.argv[1], n_threads=2, n_ctx=4096, verbose=False)
-for line in open("/proc/self/status"):
-    if line.startswith("VmRSS:"):
-        print(int(line.split()[1]) / 1024)
+loaded = rss()
+model.create_chat_completion([{"role": "user", "content": sys.argv[2]}],
+                             max_tokens=int(sys.argv[3]), temperature=0.0)
+print(json.dumps({"after_load": loaded, "after_generate": rss()}))
 """
-"""llama.cpp's resident memory after load in a process that imports nothing else."""
+"""llama.cpp's resident memory after load and after a chat reply, in a process that imports
+nothing else."""
 
 RSS_REFERENCES = ("imports", "llamacpp_alone")
 
 
-def resident_memory(methods: list[str]) -> dict[str, float | str]:
-    """RSS (MB) after loading each method's model, each in a fresh process, with the two
-    references (``RSS_REFERENCES``) and the file's size."""
-    out: dict[str, float | str] = {"file": Path(target_file()).stat().st_size / 2**20}
+def resident_memory(methods: list[str], n: int, warm: bool = False) -> dict[str, dict[str, Any]]:
+    """RSS (MB) after loading each method's model and after it generated ``n`` greedy tokens for
+    the first chat request, each in a fresh process, with the two references
+    (``RSS_REFERENCES``) and the file's size: ``{"after_load": {...}, "after_generate": {...}}``.
+    ``warm``: run each process once before the measured one, so conversions and metadata
+    caches a first load writes are not counted."""
+    size = Path(target_file()).stat().st_size / 2**20
+    out: dict[str, dict[str, Any]] = {"after_load": {"file": size}, "after_generate": {}}
     for method in [*RSS_REFERENCES, *methods]:
-        command = (
-            [sys.executable, "-c", LLAMACPP_ALONE, target_file()]
-            if method == "llamacpp_alone"
-            else [sys.executable, __file__, "--rss", method, "--target", TARGET[0]]
-        )
         if method == "llamacpp_alone" and "llamacpp" not in methods:
             continue
-        proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=900, env=os.environ.copy()
-        )
+        command = (
+            [sys.executable, "-c", LLAMACPP_ALONE, target_file(), CHAT[0], str(n)]
+            if method == "llamacpp_alone"
+            else [sys.executable, __file__, "--rss", method, "--target", TARGET[0],
+                  "--max-new-tokens", str(n)]
+        )  # fmt: skip
+        for _ in range(2 if warm else 1):
+            proc = subprocess.run(
+                command, capture_output=True, text=True, timeout=900, env=os.environ.copy()
+            )
         lines = proc.stdout.strip().splitlines()
-        out[method] = float(lines[-1]) if proc.returncode == 0 and lines else proc.stderr[-300:]
+        if proc.returncode != 0 or not lines:
+            out["after_load"][method] = proc.stderr[-300:]
+            continue
+        reading = json.loads(lines[-1])
+        for key in ("after_load", "after_generate"):
+            if reading.get(key) is not None:
+                out[key][method] = reading[key]
     return out
+
+
+def child_rss(method: str, n: int) -> dict[str, float | None]:
+    """In a fresh process: RSS after loading ``method``'s model, and after it generated ``n``
+    greedy tokens for the first chat request (None for ``imports``, which loads no model)."""
+    obj = load(method)
+    gc.collect()
+    reading: dict[str, float | None] = {"after_load": rss_mb(), "after_generate": None}
+    if method == "imports":
+        return reading
+    request = ChatRequest("chat/0", "chat", "chat", CHAT[0])
+    if method.startswith("llamacpp"):
+        obj.create_chat_completion([{"role": "user", "content": CHAT[0]}], max_tokens=n,
+                                   temperature=0.0)  # fmt: skip
+    else:
+        with quiet_timing():
+            decode(method, obj, chat_ids(obj.tokenizer, request), n,
+                   list(obj.target.eos_token_ids))  # fmt: skip
+    gc.collect()
+    reading["after_generate"] = rss_mb()
+    return reading
+
+
+def memory_only(args: argparse.Namespace) -> int:
+    """``--memory``: the resident-memory measurements alone, written to their own file."""
+    machine = machine_info()
+    methods = [m for m in METHODS if m != "fs_plain"]  # fs_plain loads what fs_default loads
+    notes: dict[str, str] = {}
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        methods = [m for m in methods if not m.startswith("llamacpp")]
+        notes["llamacpp"] = f"skipped: {exc}"
+    began = time.perf_counter()
+    memory = resident_memory(methods, args.max_new_tokens, warm=True)
+    data = {
+        "machine": machine,
+        "kind": "smollm2-memory",
+        "settings": {
+            "target": args.target,
+            "file": Path(target_file()).name,
+            "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(),
+            "request": CHAT[0],
+            "notes": notes,
+        },
+        "resident_mb_after_load": memory["after_load"],
+        "resident_mb_after_generate": memory["after_generate"],
+        "wall_seconds": round(time.perf_counter() - began, 1),
+    }
+    write_json(data, args.out or RESULTS / "smollm2-memory.json")
+    print("resident MB:", memory)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,18 +407,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run (no llama.cpp)")
     parser.add_argument("--no-rss", action="store_true", help="skip the memory measurements")
     parser.add_argument("--rss", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=RESULTS / "smollm2-quant.json")
+    parser.add_argument(
+        "--memory", action="store_true",
+        help="only the resident-memory measurements (default --out: results/smollm2-memory.json)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--target", default="smollm2", help="'smollm2' (its Q4_1 file) or another GGUF of it"
     )
     args = parser.parse_args(argv)
     TARGET[0] = args.target
     if args.rss:
-        obj = load(args.rss)
-        gc.collect()
-        print(f"{rss_mb():.1f}")
-        del obj
+        print(json.dumps(child_rss(args.rss, args.max_new_tokens)))
         return 0
+    if args.memory:
+        return memory_only(args)
     began = time.perf_counter()
     machine = machine_info()
     try:
@@ -365,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with quiet_timing():
         steps = step_costs(methods.objects["fs_default"])
-    memory = {} if args.no_rss else resident_memory(methods.names())
+    memory = {} if args.no_rss else resident_memory(methods.names(), args.max_new_tokens)
     data = {
         "machine": machine,
         "kind": "smollm2-quant",
@@ -380,12 +458,13 @@ def main(argv: list[str] | None = None) -> int:
             "seconds of the whole call, prefill included)",
         },
         "summary": summary,
-        "resident_mb_after_load": memory,
+        "resident_mb_after_load": memory.get("after_load", {}),
+        "resident_mb_after_generate": memory.get("after_generate", {}),
         "step_costs": steps,
         "prompts": records,
         "wall_seconds": round(time.perf_counter() - began, 1),
     }
-    write_json(data, args.out)
+    write_json(data, args.out or RESULTS / "smollm2-quant.json")
     for workload, rows in summary.items():
         print(f"== {workload}")
         for name, row in rows.items():

@@ -84,15 +84,7 @@ def lean_forward(
     """``LlamaModel.forward`` for the plain call shape, operation for operation (see the
     module docstring); any other call runs transformers' own."""
     t = _names()
-    plain = (
-        (input_ids is None) != (inputs_embeds is None)
-        and cache is not None
-        and kwargs.get("use_cache", True)
-        and _PLAIN_KWARGS.issuperset(kwargs)
-        and not torch.compiler.is_compiling()
-        and not self.training
-    )
-    if not plain:
+    if not plain_call(self, input_ids, inputs_embeds, cache, kwargs):
         return type(self).forward(
             self,
             input_ids=input_ids,
@@ -107,7 +99,7 @@ def lean_forward(
     if position_ids is None:
         seen = cache.get_seq_length()
         position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + seen)[None]
-    normed = _fused_layers(self, embeds, position_ids, attention_mask, cache)
+    normed = fused_layers(self, embeds, position_ids, attention_mask, cache)
     if normed is not None:
         return t.result(last_hidden_state=normed, cache=cache)
     mask = t.causal_mask(
@@ -167,7 +159,9 @@ def lean_logits(
     the model's own forward would (``flashspec.quant.threads.forward_threads``)."""
     inner = getattr(model, "model", None)
     head = getattr(model, "lm_head", None)
-    if inner is None or head is None or keep < 1 or not is_lean(inner):
+    if inner is None or head is None or keep < 1:
+        return None
+    if not (is_lean(inner) or getattr(inner, "runs_fused_step", False)):
         return None
     if "_flashspec_fused" not in inner.__dict__ or model.training:
         return None
@@ -179,14 +173,34 @@ def lean_logits(
     if positions is None:
         seen = cache.get_seq_length()
         positions = (torch.arange(int(ids.shape[1]), device=embeds.device) + seen)[None]
-    normed = _fused_layers(inner, embeds, positions, mask, cache)
+    normed = fused_layers(inner, embeds, positions, mask, cache)
     if normed is None:
         return None
     logits: torch.Tensor = head(normed[:, -keep:, :])
     return logits
 
 
-def _fused_layers(
+def plain_call(
+    decoder: torch.nn.Module,
+    input_ids: torch.Tensor | None,
+    embeds: torch.Tensor | None,
+    cache: Any,
+    kwargs: dict[str, Any],
+) -> bool:
+    """Whether a decoder call has the one shape the lean forward (and the C step) repeat: ids
+    or embeddings, a cache to extend, nothing asked for beyond the last hidden state, not
+    traced by ``torch.compile``, not training."""
+    return (
+        (input_ids is None) != (embeds is None)
+        and cache is not None
+        and bool(kwargs.get("use_cache", True))
+        and _PLAIN_KWARGS.issuperset(kwargs)
+        and not torch.compiler.is_compiling()
+        and not decoder.training
+    )
+
+
+def fused_layers(
     decoder: Any,
     embeds: torch.Tensor,
     positions: torch.Tensor,
@@ -264,6 +278,8 @@ def make_lean(model: torch.nn.Module) -> int:
     forward is set on the instance: the class, and what transformers keys by it, stay."""
     if os.environ.get(DISABLE_ENV, "").strip() == "0":
         return 0
+    if not any(_transformers_llama(m) for m in model.modules()):
+        return 0  # nothing to change: no need to import transformers' modeling code
     t = _names()
     if not t.ok:
         return 0
@@ -277,14 +293,28 @@ def make_lean(model: torch.nn.Module) -> int:
     return changed
 
 
+def _transformers_llama(module: torch.nn.Module) -> bool:
+    kind = type(module)
+    return kind.__name__ == "LlamaModel" and kind.__module__.startswith("transformers.")
+
+
 @contextlib.contextmanager
 def hf_forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` with transformers' own decoder forward while inside, lean again after."""
-    swapped = [m for m in model.modules() if is_lean(m)]
+    """``model`` with transformers' own decoder forward while inside, lean again after (a
+    ``flashspec.quant.llama`` model sends its calls to its transformers twin meanwhile)."""
+    own: list[Any] = [m for m in model.modules() if getattr(m, "runs_fused_step", False)]
+    modules = list(model.modules())
+    for module in own:  # the twin's decoder runs the lean forward: swap it too
+        modules += list(module.owner.transformers_model().modules())
+    swapped = [m for m in modules if is_lean(m)]
     for module in swapped:
         del module.forward
+    for module in own:
+        module.runs_fused_step = False
     try:
         yield model
     finally:
         for module in swapped:
             module.forward = types.MethodType(lean_forward, module)
+        for module in own:
+            del module.runs_fused_step  # the class's True again

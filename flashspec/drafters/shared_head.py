@@ -264,6 +264,39 @@ def save_shared_head_draft(draft: torch.nn.Module, directory: str | Path) -> Pat
     return out
 
 
+def _llama_config(settings: dict[str, Any]) -> Any:
+    from transformers import LlamaConfig
+
+    config: Any = LlamaConfig.from_dict(settings)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _transformers_llama(config: Any) -> Any:
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM(config)
+
+
+def _own_llama(target: torch.nn.Module, settings: dict[str, Any]) -> Any:
+    """The draft as ``flashspec.quant.llama``'s Llama (parameters on the meta device, to be
+    filled), when the target is one too and the draft's layers will run the C step beside it
+    (``flashspec.quant.draft_blocks``): the draft then needs none of transformers' modeling
+    code either. None otherwise (transformers' ``LlamaForCausalLM`` is built)."""
+    from transformers import PretrainedConfig
+
+    from ..quant import draft_blocks
+    from ..quant.llama import FusedLlamaForCausalLM, fits
+
+    if type(target) is not FusedLlamaForCausalLM or not draft_blocks.enabled():
+        return None
+    config: Any = PretrainedConfig.from_dict(settings)
+    if fits(config) is not None:
+        return None
+    config._attn_implementation = "sdpa"
+    return FusedLlamaForCausalLM(config)
+
+
 def load_shared_head_draft(directory: str | Path, target: torch.nn.Module) -> torch.nn.Module:
     """The draft saved in ``directory``, attached to ``target`` (its device and dtype).
 
@@ -271,33 +304,36 @@ def load_shared_head_draft(directory: str | Path, target: torch.nn.Module) -> to
         ValueError: not a shared-head draft, or one made for another width or vocabulary.
     """
     from safetensors.torch import load_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = Path(directory)
     meta = json.loads((folder / CONFIG_FILE).read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{folder}: not a flashspec shared-head draft ({meta.get('format')!r})")
-    config: Any = LlamaConfig.from_dict(meta["config"])
-    config._attn_implementation = "sdpa"
+    own = _own_llama(target, meta["config"])
+    config: Any = own.config if own is not None else _llama_config(meta["config"])
     _, head, _ = _target_parts(target)
     if (config.vocab_size, config.hidden_size) != head.shape:
         raise ValueError(
             f"{folder}: made for a vocabulary of {config.vocab_size} and width "
             f"{config.hidden_size}, but the target's head is {head.shape}"
         )
-    draft: Any = LlamaForCausalLM(config)
+    draft: Any = own if own is not None else _transformers_llama(config)
     kind = meta.get("input", "tokens")
     if kind not in INPUTS:
         raise ValueError(f"{folder}: unknown draft input {kind!r} (this flashspec reads {INPUTS})")
     if kind == "features":
         draft.fuse = FeatureFuse(config.hidden_size)
     state = load_file(str(folder / WEIGHTS_FILE))
-    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if own is not None:  # built without storage: its parameters take the file's tensors
+        state = {name: tensor.to(head.dtype) for name, tensor in state.items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False, assign=own is not None)
     lost = [k for k in missing if not k.startswith(SHARED_PREFIXES)]
     if lost or unexpected:
         raise ValueError(f"{folder}: weights do not match the config (missing {lost}, "
                          f"unexpected {unexpected})")  # fmt: skip
-    draft = draft.to(device=head.device, dtype=head.dtype).eval()
+    if own is None:
+        draft = draft.to(device=head.device, dtype=head.dtype)
+    draft = draft.eval()
     attach(draft, target, meta["ids"])
     loaded: torch.nn.Module = draft
     return loaded

@@ -154,9 +154,9 @@ def _quantized_metadata(source: Path, digest: str) -> tuple[Any, Any]:
     folder = cache_dir() / "gguf" / f"{source.stem}-{digest[:16]}-quantized-v{FORMAT}"
     tokenizer: Any
     if (folder / MARKER).is_file():
-        config = AutoConfig.from_pretrained(folder)
+        config = _plain_config(folder) or AutoConfig.from_pretrained(folder)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer = _plain_tokenizer(folder) or AutoTokenizer.from_pretrained(folder)
         except (OSError, ValueError, KeyError):
             tokenizer = None
         return config, tokenizer
@@ -170,6 +170,40 @@ def _quantized_metadata(source: Path, digest: str) -> tuple[Any, Any]:
         print(f"flashspec: cannot write the cache ({exc}); the next load reads the file's "
               "metadata again", file=sys.stderr)  # fmt: skip
     return config, tokenizer
+
+
+def _plain_config(folder: Path) -> Any:
+    """The config saved in ``folder`` as transformers' base config class, when the model it
+    describes is one ``flashspec.quant.llama`` builds (its own class, ``LlamaConfig``, would
+    import transformers' model packages: ~70 MB resident for settings read from JSON); else
+    None."""
+    from transformers import PretrainedConfig
+
+    from ..quant.llama import fits, wanted
+
+    config: Any = PretrainedConfig.from_json_file(str(folder / "config.json"))
+    return config if wanted() and fits(config) is None else None
+
+
+_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""Tokenizer classes built straight from ``tokenizer.json`` (``AutoTokenizer`` would first
+load the model's config class to look up a tokenizer the saved folder already names)."""
+
+
+def _plain_tokenizer(folder: Path) -> Any:
+    """The tokenizer saved in ``folder`` when its class is one of ``_TOKENIZER_CLASSES``
+    (built by that class directly), else None."""
+    import importlib
+    import json
+
+    try:
+        named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return None
+    if named not in _TOKENIZER_CLASSES:
+        return None
+    kind = getattr(importlib.import_module("transformers"), named, None)
+    return None if kind is None else kind.from_pretrained(folder)
 
 
 def converted_folder(source: Path, dtype: torch.dtype) -> Path:

@@ -267,10 +267,37 @@ def _reads(layers: list[Any], flat: torch.Tensor) -> bool:
     return False
 
 
+def _classes(model: Any) -> tuple[type, type] | None:
+    """The decoder-layer and norm classes of ``model`` if it is a Llama decoder the C step
+    repeats (transformers' ``LlamaModel`` or flashspec's own), else None. transformers'
+    modeling code is imported only for a model that is transformers'."""
+    from .llama import DecoderLayer, FusedLlamaModel, RMSNorm
+
+    if type(model) is FusedLlamaModel:
+        return DecoderLayer, RMSNorm
+    if not type(model).__module__.startswith("transformers.models.llama"):
+        return None
+    try:
+        from transformers.models.llama import modeling_llama as llama
+    except ImportError:
+        return None
+    if type(model) is not llama.LlamaModel:
+        return None
+    return llama.LlamaDecoderLayer, llama.LlamaRMSNorm
+
+
+def llama_decoder(module: Any) -> bool:
+    """Whether ``module`` is a Llama decoder (transformers' ``LlamaModel`` or flashspec's
+    ``FusedLlamaModel``), without importing transformers' modeling code for anything else."""
+    return _classes(module) is not None
+
+
 def _is_silu(act: Any) -> bool:
     # torch's module, or transformers' own (ACT2FN["silu"]), which calls F.silu.
+    if type(act) is torch.nn.SiLU:
+        return True
     silu = getattr(importlib.import_module("transformers.activations"), "SiLUActivation", None)
-    return type(act) is torch.nn.SiLU or (silu is not None and type(act) is silu)
+    return silu is not None and type(act) is silu
 
 
 def _no_plan() -> None:
@@ -285,17 +312,17 @@ def _norm_array(norm: Any) -> Any:
 
 
 def fused_decoder(model: Any) -> FusedDecoder | None:
-    """A ``FusedDecoder`` for ``model`` (a transformers ``LlamaModel``) when every part of its
-    layers is one the C step repeats exactly, else None: all seven projections ``QuantLinear``
-    without bias, SiLU, RMSNorm with float32 weights and one epsilon, standard attention."""
+    """A ``FusedDecoder`` for ``model`` (a transformers ``LlamaModel``, or flashspec's own
+    ``FusedLlamaModel``) when every part of its layers is one the C step repeats exactly, else
+    None: all seven projections ``QuantLinear`` without bias, SiLU, RMSNorm with float32
+    weights and one epsilon, standard attention."""
     if os.environ.get(ENV, "").strip() == "0":
         return None
-    try:
-        from transformers.models.llama import modeling_llama as llama
-    except ImportError:
+    classes = _classes(model)
+    if classes is None or getattr(model.config, "pretraining_tp", 1) > 1:
         return None
-    if type(model) is not llama.LlamaModel or getattr(model.config, "pretraining_tp", 1) > 1:
-        return None
+    layer_class: Any = classes[0]
+    norm_class: Any = classes[1]
     config = model.config
     layers: list[Any] = list(model.layers[: config.num_hidden_layers])
     if not layers or config._attn_implementation not in ("sdpa", "eager"):
@@ -303,10 +330,10 @@ def fused_decoder(model: Any) -> FusedDecoder | None:
     eps = layers[0].input_layernorm.variance_epsilon
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if type(layer) is not llama.LlamaDecoderLayer or not _is_silu(mlp.act_fn):
+        if type(layer) is not layer_class or not _is_silu(mlp.act_fn):
             return None
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if any(type(n) is not llama.LlamaRMSNorm or n.variance_epsilon != eps for n in norms):
+        if any(type(n) is not norm_class or n.variance_epsilon != eps for n in norms):
             return None
         if any(n.weight.dtype != torch.float32 or n.weight.device.type != "cpu" for n in norms):
             return None
@@ -344,4 +371,12 @@ def fused_of(module: torch.nn.Module) -> FusedDecoder | None:
     return fused
 
 
-__all__ = ["ENV", "FusedDecoder", "attach", "fused_decoder", "fused_of", "packs_dead_columns"]
+__all__ = [
+    "ENV",
+    "FusedDecoder",
+    "attach",
+    "fused_decoder",
+    "fused_of",
+    "llama_decoder",
+    "packs_dead_columns",
+]

@@ -65,20 +65,24 @@ def _linear_fits(linear: Any) -> bool:
     )
 
 
+def enabled() -> bool:
+    """Whether drafts beside a quantized target run on blocks (``ENV`` not ``0``)."""
+    return os.environ.get(ENV, "").strip() != "0"
+
+
 def run_on_blocks(draft: torch.nn.Module) -> bool:
     """Quantize ``draft``'s decoder-layer projections to Q8_0 and attach the fused C step;
     False (the draft unchanged) when switched off, or when a layer is not one the C step
     runs (then its float layers stay)."""
-    if os.environ.get(ENV, "").strip() == "0":
+    if not enabled():
         return False
-    from transformers.models.llama import modeling_llama as llama
-
     from .._lean import make_lean
+    from .decoder import llama_decoder
 
-    models = [m for m in draft.modules() if type(m) is llama.LlamaModel]
+    models = [m for m in draft.modules() if llama_decoder(m)]
     if len(models) != 1:
         return False
-    (model,) = models
+    model: Any = models[0]
     layers: list[Any] = list(model.layers[: model.config.num_hidden_layers])
     parts = [getattr(getattr(layer, a), b) for layer in layers for a, b in _PROJECTIONS]
     if not layers or not all(_linear_fits(linear) for linear in parts):
@@ -92,4 +96,4 @@ def run_on_blocks(draft: torch.nn.Module) -> bool:
     return attach(draft) == 1
 
 
-__all__ = ["ENV", "q8_0_blocks", "run_on_blocks"]
+__all__ = ["ENV", "enabled", "q8_0_blocks", "run_on_blocks"]

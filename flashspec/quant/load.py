@@ -1,9 +1,11 @@
 """A transformers model built from a GGUF file with its quantized layers kept as blocks.
 
 transformers' own GGUF load (``from_pretrained(..., gguf_file=...)``) dequantizes every tensor.
-``build_quantized_model`` builds the same model class from the same config, then fills it from
-the file itself: each linear layer (and the token embedding, and a tied head) whose blocks are
-in a format the kernels take becomes a ``QuantLinear``/``QuantEmbedding`` over those blocks,
+``build_quantized_model`` builds the same model from the same config (transformers' class, or
+for a plain Llama ``flashspec.quant.llama``'s, which runs the same operations without importing
+transformers' modeling code), then fills it from the file itself: each linear layer (and the
+token embedding, and a tied head) whose blocks are in a format the kernels take becomes a
+``QuantLinear``/``QuantEmbedding`` over those blocks,
 memory-mapped (Q4_0, Q4_1, Q5_0 and Q8_0 as the file holds them; Q4_K and Q6_K repacked in
 memory into layouts the SIMD kernels run, with the same values); every other tensor (norms,
 biases, formats the kernels lack) is dequantized the way transformers does it. transformers'
@@ -28,6 +30,7 @@ import torch
 from .decoder import attach
 from .gguf_file import read_tensors
 from .layers import QuantEmbedding, QuantLinear
+from .llama import FusedLlamaForCausalLM, fits, wanted
 from .ops import REPACKED, formats, repack
 from .threads import share_cores
 
@@ -81,8 +84,6 @@ def build_quantized_model(
             processing the quantized load does not follow): load it with ``dtype='float32'``.
         ImportError: ``gguf``, ``accelerate`` or the kernels are missing.
     """
-    from accelerate import init_empty_weights  # type: ignore[import-untyped]
-    from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     kinds = formats()
@@ -90,10 +91,7 @@ def build_quantized_model(
         kinds = {qtype: kind for qtype, kind in kinds.items() if qtype in keep}
     metadata, tensors = read_tensors(source)
     architecture = str(metadata.get("general.architecture", ""))
-    with init_empty_weights(include_buffers=False):
-        model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            config, dtype=torch.float32
-        )
+    model: Any = _skeleton(config)
     settings = config.to_dict()
     processor: Any = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
     processor = processor(config=settings)
@@ -148,8 +146,31 @@ def build_quantized_model(
             f"{', '.join(left[:5]) or ', '.join(missing.unexpected_keys[:5])} "
             f"({architecture}); load it with dtype='float32' (transformers' dequantized model)"
         )
-    share_cores(model, fused=attach(model) > 0)
+    fused = attach(model) > 0
+    if isinstance(model, FusedLlamaForCausalLM) and not fused:
+        # Some layer is not one the C step runs: every call would go to transformers' model.
+        model = model.transformers_model()
+    share_cores(model, fused=fused)
     return model.eval(), record
+
+
+def _skeleton(config: Any) -> Any:
+    """The model of ``config`` with its parameters on the meta device (buffers real): the
+    Llama of ``flashspec.quant.llama`` where it fits, else transformers' class."""
+    if wanted() and fits(config) is None:
+        if getattr(config, "_attn_implementation", None) is None:
+            config._attn_implementation = "sdpa"
+        return FusedLlamaForCausalLM(config)
+    from accelerate import init_empty_weights  # type: ignore[import-untyped]
+    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+    if type(config) is PretrainedConfig:  # read without its class (``flashspec.loading``)
+        settings = config.to_dict()
+        config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch.float32
+        )
 
 
 def _names(model: Any, processor: Any) -> dict[str, str]:
