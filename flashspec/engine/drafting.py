@@ -94,6 +94,13 @@ def draft_tree(
                        eager_only)  # fmt: skip
     if shape is None or drafter is None or index is None:
         return None, 0.0
+    # Shape by cost: the nodes whose expected tokens pay for their verification, and a chain
+    # instead when trees have not paid (``TreeGate``); not from measured times when the random
+    # draws must not follow them (as the round chooses).
+    follow = not gen.seeded_sampling() or engine.config.bandit.seeded == "follow"
+    model = engine.policy.model if isinstance(engine.policy, ThroughputPolicy) else None
+    if model is not None and follow and not engine.tree_gate.wants_tree(index):
+        return None, 0.0
     began = time.perf_counter()
     ctx = draft_context(engine, gen, drafter)
     setup = 0.0
@@ -106,10 +113,6 @@ def draft_tree(
         tree = drafter.propose_tree(ctx, shape)
     if tree is None or not tree.size:
         return None, setup
-    # Shape by cost: the nodes whose expected tokens pay for their verification; not from
-    # measured times when the random draws must not follow them (as the round chooses).
-    follow = not gen.seeded_sampling() or engine.config.bandit.seeded == "follow"
-    model = engine.policy.model if isinstance(engine.policy, ThroughputPolicy) else None
     if model is not None and follow:
         drafted = time.perf_counter() - began - setup
         tree = paying_prefix(tree, drafted, model.verify_seconds)

@@ -49,7 +49,7 @@ from .logprobs import MAX_TOP, emitted_logprobs, prompt_logprobs
 from .penalties import round_adjusters
 from .results import GenerationResult, StreamChunk, TokenLogprob, TokenStream
 from .stopping import cancel_rows, finish_rows, round_room
-from .tree_round import accept_tree_round
+from .tree_round import TreeGate, accept_tree_round
 
 LOG = logging.getLogger("flashspec")
 
@@ -138,6 +138,9 @@ class SpeculativeEngine:
         # Whether the target's forward skips a batch's dead columns (the quantized C step): a
         # round whose rows drafted fewer then costs what it verified, not the rectangle.
         self._packs = packs_dead_columns(target.model)
+        self.tree_gate = TreeGate()
+        """Whether an adaptive engine's tree-eligible rounds draft trees or chains, from the
+        rates each mode measured (``FlashSpecConfig.tree``)."""
 
     def warm_up(self, rows: int = 1, *, freeze: bool = False) -> float:
         """Compile the compiled path's steps now instead of in the first generation (no-op
@@ -575,6 +578,10 @@ class SpeculativeEngine:
                 verified=verified,
             ),
         )
+        if choice.learn:
+            self.tree_gate.observe(tree is not None, emitted, end - start - setup)
+        else:
+            self.tree_gate.forget()
         stats.time_draft += drafted_at - start
         stats.time_verify += verified_at - drafted_at
         stats.time_accept += accepted_at - verified_at

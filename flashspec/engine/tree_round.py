@@ -54,6 +54,74 @@ def tree_shape(
     return dataclasses.replace(shape, depth=min(shape.depth, gamma))
 
 
+# The tree gate's memories. Rates are exponential averages over about _GATE_MEMORY rounds of
+# each mode; _GATE_START rounds of each are measured before they decide; then one decided
+# round in _GATE_EXPLORE runs the losing mode, so its rate follows the text (lookup trees pay
+# on code and not on prose, say).
+_GATE_MEMORY = 12
+_GATE_START = 3
+_GATE_EXPLORE = 8
+
+
+@dataclass
+class _Rate:
+    """Emitted tokens over round seconds, exponentially averaged."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    rounds: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        keep = 1.0 - 1.0 / _GATE_MEMORY
+        self.tokens = self.tokens * keep + tokens
+        self.seconds = self.seconds * keep + seconds
+        self.rounds += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class TreeGate:
+    """Whether a drafter's round drafts a tree or a chain of the same length: the mode whose
+    measured rounds with that drafter emitted more tokens a second (drafting, verification and
+    the rest of the round). The prefix a tree keeps (``paying_prefix``) cannot undo what
+    drafting the tree cost; on a target whose every verified token costs a large share of a
+    step (the quantized C step multiplies each row in float32) no prefix pays, and the gate
+    then runs chains, with a tree round now and then to follow the text. Only the shape of a
+    round changes: acceptance is exact either way."""
+
+    def __init__(self) -> None:
+        self._rates: dict[tuple[int, bool], _Rate] = {}
+        self._decided: dict[int, int] = {}
+        self._asked: int | None = None
+
+    def wants_tree(self, drafter: int) -> bool:
+        """The mode of this round with ``drafter`` (``observe`` then learns its outcome)."""
+        self._asked = drafter
+        tree, chain = self._rate(drafter, True), self._rate(drafter, False)
+        if tree.rounds < _GATE_START:
+            return True
+        if chain.rounds < _GATE_START:
+            return False
+        count = self._decided[drafter] = self._decided.get(drafter, 0) + 1
+        better = tree.rate >= chain.rate
+        return better if count % _GATE_EXPLORE else not better
+
+    def observe(self, tree: bool, emitted: int, seconds: float) -> None:
+        """The outcome of the round ``wants_tree`` was last asked about (none: nothing)."""
+        drafter, self._asked = self._asked, None
+        if drafter is not None and seconds > 0:
+            self._rate(drafter, tree).add(emitted, seconds)
+
+    def forget(self) -> None:
+        """Drop a question whose round will not be observed."""
+        self._asked = None
+
+    def _rate(self, drafter: int, tree: bool) -> _Rate:
+        return self._rates.setdefault((drafter, tree), _Rate())
+
+
 def paying_prefix(
     tree: TokenTree, draft_seconds: float, verify_seconds: Callable[[int], float | None]
 ) -> TokenTree:

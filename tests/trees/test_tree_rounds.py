@@ -242,3 +242,69 @@ def test_the_paying_prefix_keeps_the_nodes_that_pay() -> None:
     assert paying_prefix(tree, 0.0, lambda n: None).size == 5
     tree.weights = None
     assert paying_prefix(tree, 0.0, line).size == 5
+
+
+def test_the_tree_gate_runs_the_mode_that_emits_more_a_second() -> None:
+    """Trees for the first rounds, then chains, then the faster mode, with one decided round
+    in ``_GATE_EXPLORE`` on the other; per drafter; a question not observed teaches nothing."""
+    from flashspec.engine import tree_round
+    from flashspec.engine.tree_round import TreeGate
+
+    gate = TreeGate()
+    modes = []
+    for _ in range(tree_round._GATE_START * 2 + tree_round._GATE_EXPLORE * 2):
+        tree = gate.wants_tree(0)
+        modes.append(tree)
+        gate.observe(tree, 4 if tree else 2, 1.0)  # trees emit twice as much a second
+    start = tree_round._GATE_START
+    assert modes[:start] == [True] * start and modes[start : 2 * start] == [False] * start
+    decided = modes[2 * start :]
+    assert decided.count(False) == 2 and decided[tree_round._GATE_EXPLORE - 1] is False
+    assert gate.wants_tree(1)  # another drafter starts over
+    gate.forget()
+    gate.observe(True, 100, 1.0)  # forgotten: not counted for drafter 1
+    assert gate._rate(1, True).rounds == 0
+    slow = TreeGate()
+    for _ in range(2 * start):
+        tree = slow.wants_tree(0)
+        slow.observe(tree, 1 if tree else 3, 1.0)
+    assert [slow.wants_tree(0) for _ in range(tree_round._GATE_EXPLORE)].count(True) == 1
+
+
+@pytest.mark.parametrize("slow", ["tree", "chain"])
+def test_an_adaptive_engine_runs_chains_when_trees_do_not_pay(slow: str) -> None:
+    """The default policy with trees on: when tree verifications are slow (50 ms each), most
+    rounds after the first few run chains, and when chains are, most run trees; greedy
+    output stays the target's either way."""
+    import time
+
+    from flashspec.drafters import PromptLookupDrafter
+
+    config = FlashSpecConfig(sampling=SamplingConfig(gamma=4), tree=TreeShape(4, 12, 3))
+    target = TargetModel("tiny", model=target_model(), tokenizer=tokenizer())
+    truth = {tuple(prompt_ids(p)): list(reference(p)) for p in PROMPTS}
+    drafters: list[Drafter] = [OracleTrees(truth, 0.9, seed=1), PromptLookupDrafter()]
+    engine = SpeculativeEngine(config, drafters, target)
+    verify, verify_tree = target.verify, target.verify_tree
+    rounds = {"tree": 0, "chain": 0}
+
+    def chain_spy(tokens: torch.Tensor, drafts: torch.Tensor, *rest: Any) -> torch.Tensor:
+        if drafts.shape[1]:
+            rounds["chain"] += 1
+            if slow == "chain":
+                time.sleep(0.05)
+        return verify(tokens, drafts, *rest)
+
+    def tree_spy(tokens: torch.Tensor, padding: Padding, tree: TokenTree) -> torch.Tensor:
+        rounds["tree"] += 1
+        if slow == "tree":
+            time.sleep(0.05)
+        return verify_tree(tokens, padding, tree)
+
+    target.verify = chain_spy  # type: ignore[method-assign]
+    target.verify_tree = tree_spy  # type: ignore[method-assign]
+    for prompt in PROMPTS * 3:
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        assert_greedy(prompt, result.tokens[0])
+    fast = "chain" if slow == "tree" else "tree"
+    assert rounds[fast] > 2 * rounds[slow], rounds
