@@ -54,6 +54,10 @@ from .tree_round import TreeGate, accept_tree_round
 LOG = logging.getLogger("flashspec")
 
 
+def _tracks_features(target: CausalLM) -> bool:
+    return bool(getattr(target, "tracks_features", False))
+
+
 class SpeculativeEngine:
     """Lossless speculative decoding over a HuggingFace causal LM.
 
@@ -117,24 +121,32 @@ class SpeculativeEngine:
                         f"is on {target.device}; "
                         "load both on the same device"
                     )
-        for drafter in drafter_list:
-            drafter.bind(target)
-        self.config = config
-        self.drafters = drafter_list
-        self.target = target
-        # Kept across generations: what paid on the last prompts is the best prior for the
-        # next (a window forgets it when the workload changes).
-        self.policy: Policy = make_policy(config, drafter_list, selector)
-        self.batch_policy: Policy | None = make_batch_policy(config, drafter_list, self.policy)
-        """Chooses the rounds of two or more rows when ``policy`` is a single fixed arm
-        (``BanditConfig.batches``); None otherwise."""
-        sampling = config.sampling
-        self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
-        self._owner: object | None = None
-        self.before_round: list[Callable[[RoundView], None]] = []
-        """Hooks called before every round with its ``RoundView`` (e.g. to probe what other
-        drafters would have done); they must leave the generation as they found it."""
-        self.compiled: CompileDecision = compile_models(self, long_lived)
+        tracked = _tracks_features(target)
+        try:
+            for drafter in drafter_list:
+                drafter.bind(target)
+            self.config = config
+            self.drafters = drafter_list
+            self.target = target
+            # Kept across generations: what paid on the last prompts is the best prior for the
+            # next (a window forgets it when the workload changes).
+            self.policy: Policy = make_policy(config, drafter_list, selector)
+            self.batch_policy: Policy | None = make_batch_policy(config, drafter_list, self.policy)
+            """Chooses the rounds of two or more rows when ``policy`` is a single fixed arm
+            (``BanditConfig.batches``); None otherwise."""
+            sampling = config.sampling
+            self.warper = Warper(sampling.temperature, sampling.top_k, sampling.top_p)
+            self._owner: object | None = None
+            self.before_round: list[Callable[[RoundView], None]] = []
+            """Hooks called before every round with its ``RoundView`` (e.g. to probe what other
+            drafters would have done); they must leave the generation as they found it."""
+            self.compiled: CompileDecision = compile_models(self, long_lived)
+        except BaseException:
+            # A refused engine leaves the target as it found it: the hidden-state hook a
+            # features drafter put on its model would outlive it.
+            if not tracked and _tracks_features(target):
+                target.untrack_features()
+            raise
         # Whether the target's forward skips a batch's dead columns (the quantized C step): a
         # round whose rows drafted fewer then costs what it verified, not the rectangle.
         self._packs = packs_dead_columns(target.model)

@@ -9,6 +9,7 @@ the token matrix moves.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,7 +64,25 @@ class HiddenStates:
         Raises:
             UnsupportedModelError: no final norm found (``final_norm``).
         """
-        self.hook = final_norm(model).register_forward_hook(self._record)
+        # The hook holds these states weakly and goes with them: a model outlives the engines
+        # built on it, and a hook left behind would keep recording (and change what
+        # ``torch.compile`` traces) for engines that read no states.
+        record = weakref.WeakMethod(self._record)
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            method = record()
+            if method is not None:
+                method(module, args, output)
+
+        self.hook = final_norm(model).register_forward_hook(hook)
+        weakref.finalize(self, self.hook.remove)
+
+    def untrack(self) -> None:
+        """Take the hook off the model (no states recorded from now on)."""
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        self.reset()
 
     def _record(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._fresh.append(output if isinstance(output, torch.Tensor) else output[0])

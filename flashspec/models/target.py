@@ -214,6 +214,10 @@ class TargetModel(CausalLM):
             )
         self._hidden.track(self.model)
 
+    def untrack_features(self) -> None:
+        """Stop keeping hidden states (``track_features`` undone; the model's hook removed)."""
+        self._hidden.untrack()
+
     def feature_counts(self, padding: Padding) -> list[int] | None:
         """How many of each row's first tokens have their hidden state kept (at least all its
         committed tokens but the newest after a round), or None before any."""

@@ -204,6 +204,34 @@ def test_refusals_name_the_problem() -> None:
         unbound.propose(ctx, 2)
 
 
+def test_an_engine_refused_or_dropped_leaves_no_hook_on_the_model() -> None:
+    """The hidden-state hook a features drafter puts on the target's final norm goes with the
+    engine: a refused engine (the compiled path with a features draft) takes it off at once, a
+    dropped one when it is collected. A hook left behind kept recording for later engines on
+    the same model and made their compiled graphs recompile."""
+    import gc
+
+    from flashspec.models.features import final_norm
+
+    target, other = models()
+    hooks = final_norm(target)._forward_hooks
+    before = len(hooks)
+    with pytest.raises(ValueError, match="hidden states"):
+        SpeculativeEngine(
+            FlashSpecConfig(compile=True),
+            [FeatureDrafter(feature_draft(target, SUBSET)), ModelDrafter(other)],
+            TargetModel(model=target),
+        )
+    assert len(hooks) == before
+    engine = SpeculativeEngine(FlashSpecConfig(), [FeatureDrafter(feature_draft(target, SUBSET))],
+                               TargetModel(model=target))  # fmt: skip
+    assert len(hooks) == before + 1
+    engine.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4)
+    del engine
+    gc.collect()
+    assert len(hooks) == before
+
+
 def test_a_recurrent_target_is_refused() -> None:
     from transformers import MambaConfig, MambaForCausalLM
 
