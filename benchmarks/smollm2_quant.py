@@ -367,6 +367,13 @@ def child_rss(method: str, n: int) -> dict[str, float | None]:
     return reading
 
 
+def settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """The run's settings as its results file records them."""
+    return {"target": args.target, "file": Path(target_file()).name,
+            "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+            **extra}  # fmt: skip
+
+
 def memory_only(args: argparse.Namespace) -> int:
     """``--memory``: the resident-memory measurements alone, written to their own file."""
     machine = machine_info()
@@ -382,14 +389,7 @@ def memory_only(args: argparse.Namespace) -> int:
     data = {
         "machine": machine,
         "kind": "smollm2-memory",
-        "settings": {
-            "target": args.target,
-            "file": Path(target_file()).name,
-            "max_new_tokens": args.max_new_tokens,
-            "threads": torch.get_num_threads(),
-            "request": CHAT[0],
-            "notes": notes,
-        },
+        "settings": settings(args, request=CHAT[0], notes=notes),
         "resident_mb_after_load": memory["after_load"],
         "resident_mb_after_generate": memory["after_generate"],
         "wall_seconds": round(time.perf_counter() - began, 1),
@@ -447,16 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "machine": machine,
         "kind": "smollm2-quant",
-        "settings": {
-            "target": args.target,
-            "file": Path(target_file()).name,
-            "max_new_tokens": args.max_new_tokens,
-            "threads": torch.get_num_threads(),
-            "llamacpp_lookup_tokens": LOOKUP_TOKENS,
-            "notes": methods.notes,
-            "speedup": "median over requests of the tokens/s ratio (new tokens over the wall "
+        "settings": settings(
+            args,
+            llamacpp_lookup_tokens=LOOKUP_TOKENS,
+            notes=methods.notes,
+            speedup="median over requests of the tokens/s ratio (new tokens over the wall "
             "seconds of the whole call, prefill included)",
-        },
+        ),
         "summary": summary,
         "resident_mb_after_load": memory.get("after_load", {}),
         "resident_mb_after_generate": memory.get("after_generate", {}),

@@ -18,6 +18,7 @@ the one transformers runs, only the imports are paid late.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 import warnings
@@ -375,17 +376,30 @@ def _generation_config(config: Any) -> Any:
 def _cache_kwarg(model: Any, cache: Any) -> dict[str, Any]:
     """The cache under the name ``model``'s forward takes (``cache`` in transformers 5,
     ``past_key_values`` before)."""
-    params = inspect.signature(model.forward).parameters
-    return {"cache" if "cache" in params else "past_key_values": cache}
+    kind: Any = type(model)
+    return {_cache_parameter(kind): cache}
 
 
-def _output(name: str, cache: Any, **fields: Any) -> Any:
-    """transformers' output record ``name`` with the cache in its field of this release."""
+@functools.cache
+def _cache_parameter(kind: Any) -> str:
+    params = inspect.signature(kind.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@functools.cache
+def _record(name: str) -> tuple[Any, str]:
+    """transformers' output record class ``name`` and the field its cache goes in."""
     from transformers import modeling_outputs
 
     kind: Any = getattr(modeling_outputs, name)
     names = {f.name for f in dataclasses.fields(kind)}
-    fields["cache" if "cache" in names else "past_key_values"] = cache
+    return kind, "cache" if "cache" in names else "past_key_values"
+
+
+def _output(name: str, cache: Any, **fields: Any) -> Any:
+    """transformers' output record ``name`` with the cache in its field of this release."""
+    kind, field = _record(name)
+    fields[field] = cache
     return kind(**fields)
 
 
