@@ -1,8 +1,8 @@
 """A Llama causal LM on quantized layers without transformers' modeling code.
 
 Importing transformers' model classes (``modeling_utils``, ``modeling_llama``, ``LlamaConfig``)
-brings in ``torch._dynamo``, ``torch.distributed.tensor``, scipy and sympy: about 150 MB of
-resident memory before a weight is read, more than SmolLM2's quantized blocks. A Llama whose
+brings in ``torch._dynamo``, ``torch.distributed.tensor``, scipy and sympy: more resident
+memory before a weight is read than SmolLM2's quantized blocks take. A Llama whose
 decoder layers all run in the fused C step (``flashspec.quant.decoder``) needs none of it:
 ``FusedLlamaForCausalLM`` holds the same modules under the same names (``model.embed_tokens``,
 ``model.layers[i].self_attn.q_proj``, ..., ``model.norm``, ``lm_head``), computes the rotary
