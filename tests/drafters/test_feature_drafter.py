@@ -214,6 +214,7 @@ def test_an_engine_refused_or_dropped_leaves_no_hook_on_the_model() -> None:
     from flashspec.models.features import final_norm
 
     target, other = models()
+    gc.collect()  # engines of earlier tests on the same model, collected now, not mid-test
     hooks = final_norm(target)._forward_hooks
     before = len(hooks)
     with pytest.raises(ValueError, match="hidden states"):
